@@ -1,0 +1,238 @@
+"""The control plane: what kfan knows about the cluster and how it keeps it fresh.
+
+Owns kfan's own links to the brokers (separate from client traffic), learns
+each broker's API versions at start, keeps the :class:`Topology` fresh
+(periodically, and at once when a request hit a leadership error), and caches
+group and transaction coordinators (dropped when a coordinator says it no
+longer is one).
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from collections.abc import Mapping
+from typing import Any
+
+import trio
+
+from proxy import errors, routing, schema
+from proxy.core import Coordinator, SubRequest, advertised_versions
+from proxy.headers import request_header_tail, response_body_offset
+
+from .link import Link, LinkError
+from .topology import Topology
+
+log = logging.getLogger("kfan.cluster")
+
+CLIENT_ID = "kfan"
+# Versions the control plane speaks when the broker allows (clamped to what it supports).
+_PREFERRED = {routing.API_VERSIONS: 2, routing.METADATA: 12, routing.FIND_COORDINATOR: 3}
+
+
+class ClusterUnavailable(Exception):
+    """No bootstrap broker answered."""
+
+
+class CoordinatorError(Exception):
+    def __init__(self, code: int) -> None:
+        super().__init__(f"coordinator lookup failed with error {code}")
+        self.code = code
+
+
+def parse_address(text: str) -> tuple[str, int]:
+    host, _, port = text.strip().rpartition(":")
+    if not host or not port.isdigit():
+        raise ValueError(f"expected HOST:PORT, got {text!r}")
+    return host.strip("[]"), int(port)
+
+
+class Cluster:
+    def __init__(
+        self,
+        bootstrap: list[tuple[str, int]],
+        *,
+        refresh_interval: float = 30.0,
+        request_timeout: float = 10.0,
+        max_frame_bytes: int = 100 * 1024 * 1024,
+    ) -> None:
+        self.bootstrap = bootstrap
+        self.refresh_interval = refresh_interval
+        self.request_timeout = request_timeout
+        self.max_frame_bytes = max_frame_bytes
+        self.topology = Topology()
+        self.broker_versions: dict[int, dict[int, tuple[int, int]]] = {}
+        self.api_versions: dict[int, tuple[int, int]] = {}
+        self.reachable: dict[int, bool] = {}
+        self.coordinators: dict[Coordinator, int] = {}
+        self.ready = trio.Event()
+        self.refreshes = 0
+        self._wake = trio.Event()
+        self._refreshed = trio.Event()
+        self._links: dict[Any, Link] = {}
+        self._nursery: trio.Nursery | None = None
+
+    # --- lifecycle -------------------------------------------------------
+
+    async def run(self, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            await self._bootstrap()
+            self.ready.set()
+            task_status.started()
+            await self._refresh_loop()
+
+    async def _bootstrap(self) -> None:
+        tried = []
+        for i, (host, port) in enumerate(self.bootstrap):
+            key = ("bootstrap", i)
+            try:
+                versions = await self._api_versions(key, host, port)
+                metadata = await self._metadata(key, host, port, versions)
+            except (LinkError, trio.TooSlowError, OSError) as e:
+                tried.append(f"{host}:{port} ({e})")
+                log.warning("bootstrap broker %s:%s did not answer: %s", host, port, e)
+                continue
+            self.topology = Topology().with_metadata(metadata)
+            break
+        else:
+            raise ClusterUnavailable("no bootstrap broker answered: " + "; ".join(tried))
+        for node_id, broker in self.topology.brokers.items():
+            try:
+                self.broker_versions[node_id] = await self._api_versions(node_id, broker.host, broker.port)
+                self.reachable[node_id] = True
+            except (LinkError, trio.TooSlowError, OSError) as e:
+                self.reachable[node_id] = False
+                log.warning("broker %s at %s:%s is unreachable: %s", node_id, broker.host, broker.port, e)
+        self.api_versions = advertised_versions(list(self.broker_versions.values()))
+        up = sorted(k for k, v in self.reachable.items() if v)
+        down = sorted(k for k, v in self.reachable.items() if not v)
+        log.info("cluster %s: brokers up %s, down %s; %d topics", self.topology.cluster_id, up, down, len(self.topology.leaders))
+
+    async def _refresh_loop(self) -> None:
+        while True:
+            with trio.move_on_after(self.refresh_interval):
+                await self._wake.wait()
+            self._wake = trio.Event()
+            await self._refresh_once()
+            await trio.sleep(0.05)  # coalesce bursts of refresh requests
+
+    async def _refresh_once(self) -> None:
+        brokers = list(self.topology.brokers.values())
+        random.shuffle(brokers)
+        brokers.sort(key=lambda b: not self.reachable.get(b.node_id, False))
+        for b in brokers:
+            try:
+                metadata = await self._metadata(b.node_id, b.host, b.port, self.broker_versions.get(b.node_id, {}))
+            except (LinkError, trio.TooSlowError, OSError) as e:
+                self.reachable[b.node_id] = False
+                log.info("metadata from broker %s failed: %s", b.node_id, e)
+                continue
+            self.reachable[b.node_id] = True
+            self.topology = Topology(topic_ids=self.topology.topic_ids).with_metadata(metadata)
+            self.refreshes += 1
+            break
+        else:
+            log.warning("topology refresh failed: no broker answered")
+        done, self._refreshed = self._refreshed, trio.Event()
+        done.set()
+
+    def request_refresh(self) -> None:
+        self._wake.set()
+
+    async def refresh(self, timeout: float = 5.0) -> None:
+        """Ask for a refresh and wait (bounded) until one has completed."""
+        waiter = self._refreshed
+        self.request_refresh()
+        with trio.move_on_after(timeout):
+            await waiter.wait()
+
+    # --- what connections ask -------------------------------------------------
+
+    def fold_metadata(self, metadata: Mapping[str, Any]) -> None:
+        self.topology = self.topology.with_metadata(metadata)
+
+    def learn(self, coordinators: Mapping[Coordinator, int]) -> None:
+        self.coordinators.update(coordinators)
+
+    def forget(self, coordinator: Coordinator) -> None:
+        self.coordinators.pop(coordinator, None)
+
+    async def coordinator(self, c: Coordinator) -> int:
+        """The broker coordinating a group or transactional id (cached)."""
+        node = self.coordinators.get(c)
+        if node is not None and node in self.topology.brokers:
+            return node
+        code = errors.COORDINATOR_NOT_AVAILABLE
+        for attempt in range(5):
+            try:
+                code, node = await self._find_coordinator(c)
+            except (LinkError, trio.TooSlowError, OSError) as e:
+                log.info("FindCoordinator for %s failed: %s", c, e)
+                code, node = errors.COORDINATOR_NOT_AVAILABLE, -1
+            if code == errors.NONE and node in self.topology.brokers:
+                self.coordinators[c] = node
+                return node
+            if code not in (errors.COORDINATOR_NOT_AVAILABLE, errors.COORDINATOR_LOAD_IN_PROGRESS, errors.NONE):
+                break
+            await trio.sleep(0.05 * (attempt + 1))
+        raise CoordinatorError(code)
+
+    async def _find_coordinator(self, c: Coordinator) -> tuple[int, int]:
+        b = self.any_broker()
+        version = self._version(b, routing.FIND_COORDINATOR)
+        if version >= 4:
+            body = {"key_type": c.key_type, "coordinator_keys": [c.key]}
+        else:
+            body = {"key": c.key, "key_type": c.key_type}
+        resp = await self.call(b, routing.FIND_COORDINATOR, version, body)
+        entry = resp["coordinators"][0] if version >= 4 else resp
+        return entry["error_code"], entry["node_id"]
+
+    def any_broker(self) -> int:
+        """A broker believed reachable (any known one when none is)."""
+        brokers = list(self.topology.brokers)
+        if not brokers:
+            raise LinkError("no broker known")
+        up = [b for b in brokers if self.reachable.get(b, True)]
+        return random.choice(up or brokers)
+
+    def _version(self, broker: int, api_key: int) -> int:
+        lo, hi = self.broker_versions.get(broker, {}).get(api_key, (0, _PREFERRED[api_key]))
+        known = schema.known_versions(api_key)
+        assert known is not None
+        return max(lo, known.start, min(hi, _PREFERRED[api_key]))
+
+    # --- requests over kfan's own links ---------------------------------------------
+
+    def _link(self, key: Any, host: str, port: int) -> Link:
+        link = self._links.get(key)
+        if link is None or link.failed is not None or link.address != (host, port):
+            assert self._nursery is not None
+            link = Link(key if isinstance(key, int) else -1, host, port, max_frame_bytes=self.max_frame_bytes)
+            self._links[key] = link
+            self._nursery.start_soon(link.run)
+        return link
+
+    async def call(self, broker: Any, api_key: int, version: int, body: Mapping[str, Any], *, address: tuple[str, int] | None = None) -> dict[str, Any]:
+        if address is None:
+            b = self.topology.brokers[broker]
+            address = (b.host, b.port)
+        tail = [request_header_tail(api_key, version, CLIENT_ID), *schema.encode_body(schema.request_spec(api_key, version), dict(body))]
+        pending = self._link(broker, *address).submit(SubRequest(api_key, version, tail, True))
+        with trio.fail_after(self.request_timeout):
+            payload = await pending.wait()
+        spec = schema.response_spec(api_key, version)
+        return schema.decode_body(spec, payload, response_body_offset(payload, api_key, version))
+
+    async def _api_versions(self, key: Any, host: str, port: int) -> dict[int, tuple[int, int]]:
+        resp = await self.call(key, routing.API_VERSIONS, _PREFERRED[routing.API_VERSIONS], {}, address=(host, port))
+        if resp["error_code"] != 0:
+            raise LinkError(f"ApiVersions from {host}:{port} failed with error {resp['error_code']}")
+        return {a["api_key"]: (a["min_version"], a["max_version"]) for a in resp["api_keys"]}
+
+    async def _metadata(self, key: Any, host: str, port: int, versions: Mapping[int, tuple[int, int]]) -> dict[str, Any]:
+        lo, hi = versions.get(routing.METADATA, (0, 0))
+        version = max(lo, min(hi, _PREFERRED[routing.METADATA]), 1)
+        body = {"topics": None, "allow_auto_topic_creation": False}
+        return await self.call(key, routing.METADATA, version, body, address=(host, port))

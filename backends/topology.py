@@ -1,0 +1,99 @@
+"""A snapshot of the cluster behind kfan: brokers, partition leaders, topic ids.
+
+Pure data, built from Metadata responses (decoded dicts); no I/O here, so the
+same snapshot drives the live proxy, the tests and the replay job. Snapshots
+are immutable: an update returns a new one, so a request in flight keeps
+routing against the snapshot it started with.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+NO_LEADER = -1
+
+
+@dataclass(frozen=True, slots=True)
+class Broker:
+    node_id: int
+    host: str
+    port: int
+    rack: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Topology:
+    brokers: Mapping[int, Broker] = field(default_factory=dict)
+    # topic name -> partition index -> leader id (NO_LEADER when none)
+    leaders: Mapping[str, Mapping[int, int]] = field(default_factory=dict)
+    topic_ids: Mapping[uuid.UUID, str] = field(default_factory=dict)
+    cluster_id: str | None = None
+    controller_id: int = NO_LEADER
+
+    def leader(self, topic: str, partition: int) -> int | None:
+        """The leading broker, or None when the partition or its leader is unknown."""
+        leader = self.leaders.get(topic, {}).get(partition)
+        if leader is None or leader not in self.brokers:
+            return None
+        return leader
+
+    def topic_name(self, topic_id: uuid.UUID) -> str | None:
+        return self.topic_ids.get(topic_id)
+
+    def knows_topic(self, topic: str) -> bool:
+        return topic in self.leaders
+
+    def with_metadata(self, response: Mapping[str, Any]) -> Topology:
+        """Fold a decoded Metadata response in; topics it names are replaced."""
+        brokers = {b["node_id"]: Broker(b["node_id"], b["host"], b["port"], b.get("rack")) for b in response["brokers"]}
+        leaders = dict(self.leaders)
+        topic_ids = dict(self.topic_ids)
+        for t in response["topics"]:
+            name = t.get("name")
+            if name is None:
+                continue
+            if t["error_code"] != 0 and not t["partitions"]:
+                leaders.pop(name, None)
+                continue
+            leaders[name] = {p["partition_index"]: p["leader_id"] for p in t["partitions"]}
+            tid = t.get("topic_id")
+            if tid is not None and tid.int != 0:
+                topic_ids[tid] = name
+        return Topology(
+            brokers=brokers or dict(self.brokers),
+            leaders=leaders,
+            topic_ids=topic_ids,
+            cluster_id=response.get("cluster_id", self.cluster_id),
+            controller_id=response.get("controller_id", self.controller_id),
+        )
+
+    def without_topics(self, names: Iterable[str]) -> Topology:
+        leaders = {k: v for k, v in self.leaders.items() if k not in set(names)}
+        return Topology(self.brokers, leaders, self.topic_ids, self.cluster_id, self.controller_id)
+
+    def to_json(self) -> str:
+        return json.dumps(
+            {
+                "brokers": [[b.node_id, b.host, b.port, b.rack] for b in self.brokers.values()],
+                "leaders": {t: {str(p): lead for p, lead in ps.items()} for t, ps in self.leaders.items()},
+                "topic_ids": {str(k): v for k, v in self.topic_ids.items()},
+                "cluster_id": self.cluster_id,
+                "controller_id": self.controller_id,
+            },
+            sort_keys=True,
+        )
+
+    @classmethod
+    def from_json(cls, text: str) -> Topology:
+        d = json.loads(text)
+        return cls(
+            brokers={b[0]: Broker(b[0], b[1], b[2], b[3]) for b in d["brokers"]},
+            leaders={t: {int(p): lead for p, lead in ps.items()} for t, ps in d["leaders"].items()},
+            topic_ids={uuid.UUID(k): v for k, v in d["topic_ids"].items()},
+            cluster_id=d["cluster_id"],
+            controller_id=d["controller_id"],
+        )

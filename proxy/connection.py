@@ -1,0 +1,261 @@
+"""One client connection: read frames, route, answer in order.
+
+The reader task reads frames continuously, plans each request (pure core),
+resolves coordinators and submits sub-requests to this connection's links in
+the client's order, then hands the wait-and-merge to a task of its own: many
+requests are in flight at once. The writer task writes responses strictly in
+request order. acks=0 Produce requests hold a place in that order but write
+nothing. In-flight requests and buffered request bytes are bounded: when
+either is full the reader stops reading, and TCP pushes back on the client.
+
+Links to brokers are opened lazily, per broker and per lane (Fetch long-polls
+get a lane of their own so they never stall other requests), and die with the
+connection's nursery.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import trio
+
+from backends.cluster import Cluster, CoordinatorError
+from backends.link import Link, LinkError, Pending
+
+from . import errors, routing
+from .core import ANY, Answer, BrokerUnavailable, Context, Coordinator, Identity, Plan, Target, Unsupported, plan_request
+from .frames import FrameReader, frame
+from .headers import peek_request, response_header
+from .wire import Malformed, Parts
+
+log = logging.getLogger("kfan.connection")
+_ids = itertools.count(1)
+
+
+@dataclass(frozen=True)
+class Limits:
+    max_frame_bytes: int = 100 * 1024 * 1024
+    max_inflight: int = 256
+    max_buffered_bytes: int = 64 * 1024 * 1024
+    request_timeout: float = 30.0
+
+
+class _Close(Exception):
+    """End this client connection (the reason is logged where it is raised)."""
+
+
+class _Slot:
+    """A place in the response order."""
+
+    __slots__ = ("done", "parts", "close", "size")
+
+    def __init__(self, size: int) -> None:
+        self.done = trio.Event()
+        self.parts: Parts | None = None
+        self.close = False
+        self.size = size
+
+
+class _Budget:
+    """Bytes of requests in flight; waits while full (one oversized request may pass alone)."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.used = 0
+        self._cond = trio.Condition()
+
+    async def acquire(self, n: int) -> None:
+        async with self._cond:
+            while self.used and self.used + n > self.limit:
+                await self._cond.wait()
+            self.used += n
+
+    async def release(self, n: int) -> None:
+        async with self._cond:
+            self.used -= n
+            self._cond.notify_all()
+
+
+class ClientConnection:
+    def __init__(self, stream: trio.SocketStream, cluster: Cluster, identity: Identity, limits: Limits) -> None:
+        self.stream = stream
+        self.cluster = cluster
+        self.identity = identity
+        self.limits = limits
+        self.id = next(_ids)
+        self._links: dict[tuple[int, str], Link] = {}
+        self._home: int | None = None
+        self._budget = _Budget(limits.max_buffered_bytes)
+
+    async def run(self) -> None:
+        try:
+            async with trio.open_nursery() as nursery:
+                self._nursery = nursery
+                send, receive = trio.open_memory_channel[_Slot](self.limits.max_inflight)
+                nursery.start_soon(self._write, receive, nursery.cancel_scope)
+                async with send:
+                    await self._read(send)
+        except* _Close:
+            pass
+        except* (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as eg:
+            log.debug("client %s: connection lost: %r", self.id, eg.exceptions[0])
+        finally:
+            with trio.CancelScope(shield=True):
+                await trio.aclose_forcefully(self.stream)
+
+    # --- reading -------------------------------------------------------------
+
+    async def _read(self, send: trio.MemorySendChannel[_Slot]) -> None:
+        reader = FrameReader(self.limits.max_frame_bytes)
+        while True:
+            try:
+                payload = reader.next_frame()
+            except Malformed as e:
+                log.warning("client %s: malformed frame, closing: %s", self.id, e)
+                raise _Close from e
+            if payload is None:
+                data = await self.stream.receive_some(65536)
+                if not data:
+                    if reader.pending_partial():
+                        log.warning("client %s: connection ended inside a frame", self.id)
+                    return
+                reader.feed(data)
+                continue
+            await self._budget.acquire(len(payload))
+            slot = _Slot(len(payload))
+            try:
+                plan = plan_request(self._context(), payload)
+            except (Malformed, Unsupported) as e:
+                key, version, cid = peek_request(payload)
+                log.warning("client %s: closing on request api_key=%s v%s correlation_id=%s: %s", self.id, key, version, cid, e)
+                raise _Close from e
+            await send.send(slot)
+            if plan.reply is not None:
+                self._answer(slot, plan, plan.reply)
+                continue
+            pendings = await self._submit(plan)
+            self._nursery.start_soon(self._complete, plan, pendings, slot)
+
+    def _context(self) -> Context:
+        return Context(self.identity, self.cluster.topology, self.cluster.api_versions)
+
+    async def _submit(self, plan: Plan) -> dict[Target, Pending | int]:
+        """Send every sub-request now, in order; coordinators are resolved first."""
+        out: dict[Target, Pending | int] = {}
+        lane = "fetch" if plan.header.api_key == routing.FETCH else "main"
+        for target, sub in plan.subs.items():
+            broker: int
+            if isinstance(target, Coordinator):
+                try:
+                    broker = await self.cluster.coordinator(target)
+                except CoordinatorError as e:
+                    out[target] = e.code
+                    continue
+            elif target is ANY:
+                broker = self._home_broker()
+            else:
+                assert isinstance(target, int)
+                broker = target
+            link = self._link(broker, lane)
+            if link is None:
+                out[target] = errors.NOT_LEADER_OR_FOLLOWER
+                continue
+            out[target] = link.submit(sub)
+        return out
+
+    def _home_broker(self) -> int:
+        if self._home is None or self._home not in self.cluster.topology.brokers:
+            self._home = self.cluster.any_broker()
+        return self._home
+
+    def _link(self, broker: int, lane: str) -> Link | None:
+        link = self._links.get((broker, lane))
+        if link is not None and link.failed is None:
+            return link
+        b = self.cluster.topology.brokers.get(broker)
+        if b is None:
+            return None
+        link = Link(broker, b.host, b.port, max_frame_bytes=self.limits.max_frame_bytes)
+        self._links[(broker, lane)] = link
+        self._nursery.start_soon(link.run)
+        return link
+
+    # --- completing ----------------------------------------------------------------
+
+    async def _complete(self, plan: Plan, pendings: Mapping[Target, Pending | int], slot: _Slot) -> None:
+        if not plan.expect_response:
+            with trio.move_on_after(self.limits.request_timeout):
+                for p in pendings.values():
+                    if not isinstance(p, int):
+                        await p.sent.wait()
+            self._answer(slot, plan, None)
+            return
+        answers: dict[Target, Answer] = {}
+        with trio.move_on_after(self.limits.request_timeout):
+            for target, p in pendings.items():
+                if isinstance(p, int):
+                    answers[target] = p
+                    continue
+                try:
+                    answers[target] = await p.wait()
+                except LinkError as e:
+                    log.info("client %s: %s", self.id, e)
+                    answers[target] = errors.NETWORK_EXCEPTION
+                    if target is ANY:
+                        self._home = None
+                    self.cluster.request_refresh()
+        for target in pendings:
+            answers.setdefault(target, errors.REQUEST_TIMED_OUT)
+        assert plan.merge is not None
+        try:
+            outcome = plan.merge(answers)
+        except BrokerUnavailable as e:
+            log.info("client %s: %s", self.id, e)
+            slot.close = True
+            slot.done.set()
+            return
+        except Malformed as e:
+            log.error("client %s: a broker's answer to api_key %s did not parse: %s", self.id, plan.header.api_key, e)
+            slot.close = True
+            slot.done.set()
+            return
+        if outcome.metadata is not None:
+            self.cluster.fold_metadata(outcome.metadata)
+        if outcome.coordinators:
+            self.cluster.learn(outcome.coordinators)
+        for c in outcome.moved:
+            self.cluster.forget(c)
+        if outcome.stale_topics:
+            self.cluster.request_refresh()
+        self._answer(slot, plan, outcome.body)
+
+    def _answer(self, slot: _Slot, plan: Plan, body: Parts | None) -> None:
+        if body is not None:
+            h = plan.header
+            slot.parts = [response_header(h.api_key, h.api_version, h.correlation_id), *body]
+        slot.done.set()
+
+    # --- writing ---------------------------------------------------------------------
+
+    async def _write(self, receive: trio.MemoryReceiveChannel[_Slot], scope: trio.CancelScope) -> None:
+        async for slot in receive:
+            await slot.done.wait()
+            if slot.close:
+                raise _Close
+            if slot.parts is not None:
+                await self.stream.send_all(frame(slot.parts))
+            await self._budget.release(slot.size)
+        # The client closed its side and every response is written.
+        scope.cancel()
+
+
+async def serve_client(stream: trio.SocketStream, cluster: Cluster, identity: Identity, limits: Limits) -> None:
+    conn = ClientConnection(stream, cluster, identity, limits)
+    log.debug("client %s connected", conn.id)
+    await conn.run()
+    log.debug("client %s gone", conn.id)
+
+

@@ -1,0 +1,102 @@
+"""Request and response headers.
+
+Request header v0: api_key, api_version, correlation_id; v1 adds client_id (a
+nullable legacy string, even in flexible versions); v2 adds tagged fields.
+Response header v0: correlation_id; v1 adds tagged fields. The header version
+follows from whether the API version is flexible, with one exception:
+ApiVersions responses always use response header v0 (a client must be able to
+read them before it knows what the broker speaks).
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+
+from . import schema
+from .wire import Malformed, Reader, Writer
+
+API_VERSIONS = 18
+_CID = struct.Struct(">i")
+_KEY_VERSION = struct.Struct(">hh")
+
+
+@dataclass(frozen=True, slots=True)
+class RequestHeader:
+    api_key: int
+    api_version: int
+    correlation_id: int
+    client_id: str | None
+    body_offset: int  # where the message body starts in the frame
+    known: bool  # kio has a schema for this api_key/api_version
+
+
+def parse_request_header(payload: bytes | memoryview) -> RequestHeader:
+    """Parse a request header; unknown APIs/versions parse as far as v1."""
+    r = Reader(payload)
+    api_key = r.int16()
+    api_version = r.int16()
+    correlation_id = r.int32()
+    versions = schema.known_versions(api_key)
+    known = versions is not None and api_version in versions
+    client_id = r.string()
+    if known and schema.is_flexible(api_key, api_version):
+        n = r.uvarint()
+        if n > r.remaining():
+            raise Malformed("request header tagged fields cannot fit")
+        for _ in range(n):
+            r.uvarint()
+            r.raw(r.uvarint())
+    return RequestHeader(api_key, api_version, correlation_id, client_id, r.pos, known)
+
+
+def request_header_tail(api_key: int, api_version: int, client_id: str | None) -> bytes:
+    """The request header after the correlation id: client_id, then tags if flexible."""
+    w = Writer()
+    w.string(client_id)
+    if schema.is_flexible(api_key, api_version):
+        w.uvarint(0)
+    return b"".join(w.finish())
+
+
+def encode_request_header(api_key: int, api_version: int, correlation_id: int, client_id: str | None) -> bytes:
+    return _KEY_VERSION.pack(api_key, api_version) + _CID.pack(correlation_id) + request_header_tail(api_key, api_version, client_id)
+
+
+def peek_request(payload: bytes | memoryview) -> tuple[int, int, int]:
+    """api_key, api_version and correlation_id: what even a bad header has."""
+    if len(payload) < 8:
+        raise Malformed("request shorter than a v0 header")
+    key, version = _KEY_VERSION.unpack_from(payload, 0)
+    return key, version, _CID.unpack_from(payload, 4)[0]
+
+
+def response_header_flexible(api_key: int, api_version: int) -> bool:
+    return api_key != API_VERSIONS and schema.is_flexible(api_key, api_version)
+
+
+def response_header(api_key: int, api_version: int, correlation_id: int) -> bytes:
+    cid = _CID.pack(correlation_id)
+    return cid + b"\x00" if response_header_flexible(api_key, api_version) else cid
+
+
+def response_body_offset(payload: bytes | memoryview, api_key: int, api_version: int) -> int:
+    """Offset of the body in a broker's response payload."""
+    r = Reader(payload)
+    r.int32()
+    if response_header_flexible(api_key, api_version):
+        n = r.uvarint()
+        for _ in range(n):
+            r.uvarint()
+            r.raw(r.uvarint())
+    return r.pos
+
+
+def correlation_id_of(payload: bytes | memoryview) -> int:
+    if len(payload) < 4:
+        raise Malformed("response shorter than its correlation id")
+    return _CID.unpack_from(payload, 0)[0]
+
+
+def pack_correlation_id(correlation_id: int) -> bytes:
+    return _CID.pack(correlation_id)

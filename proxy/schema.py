@@ -1,0 +1,363 @@
+"""Schema-driven Kafka message codec, compiled from kio's message schemas.
+
+kio carries Kafka's own message JSON schemas (as dataclasses) for every API
+and version; this module reads those definitions once per (api, version) and
+builds a bounds-checked decoder and an encoder over plain dicts. We do not use
+kio's own (Rust) decoder on client bytes: a huge array length aborts the
+process there, whereas here every count is checked against the bytes left.
+
+Decoded structs are dicts keyed by kio's field names. Byte fields (record
+batches above all) are ``memoryview`` slices of the input frame, never copied
+or decoded. Tagged fields that are present appear under their name; unknown
+tags are kept raw under ``"_tags"`` so that re-encoding loses nothing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import types
+import typing
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import cache
+from typing import Any
+
+from kio.index import load_request_schema, load_response_schema
+from kio.schema.index import api_key_map, schema_name_map
+
+from .wire import Malformed, Reader, Writer
+
+Struct = dict[str, Any]
+ReadFn = Callable[[Reader], Any]
+WriteFn = Callable[[Writer, Any], None]
+
+TAGS = "_tags"
+
+
+@dataclass(frozen=True, slots=True)
+class FieldSpec:
+    name: str
+    tag: int | None
+    read: ReadFn
+    write: WriteFn
+    default: Any
+    has_default: bool
+    struct: StructSpec | None  # element struct for struct and struct-array fields
+    zero: Any  # the value a synthesized entry gets when the schema has no default
+
+
+@dataclass(frozen=True, slots=True)
+class StructSpec:
+    name: str
+    flexible: bool
+    fields: tuple[FieldSpec, ...]
+    tagged: dict[int, FieldSpec]
+    min_size: int
+
+    def field(self, name: str) -> FieldSpec:
+        for f in self.fields:
+            if f.name == name:
+                return f
+        for f in self.tagged.values():
+            if f.name == name:
+                return f
+        raise KeyError(name)
+
+    def has(self, name: str) -> bool:
+        try:
+            self.field(name)
+        except KeyError:
+            return False
+        return True
+
+    def decode(self, r: Reader) -> Struct:
+        return _decode_struct(self, r)
+
+    def encode(self, w: Writer, value: Struct) -> None:
+        _encode_struct(self, w, value)
+
+    def blank(self) -> Struct:
+        """A struct of defaults (or -1, "", empty, null) for synthesized answers."""
+        return {f.name: f.default if f.has_default else f.zero for f in self.fields}
+
+
+_FIXED: dict[str, tuple[str, int]] = {
+    "int8": ("int8", 1),
+    "bool": ("boolean", 1),
+    "int16": ("int16", 2),
+    "error_code": ("int16", 2),
+    "uint16": ("uint16", 2),
+    "int32": ("int32", 4),
+    "timedelta_i32": ("int32", 4),
+    "int64": ("int64", 8),
+    "timedelta_i64": ("int64", 8),
+    "datetime_i64": ("int64", 8),
+    "float64": ("float64", 8),
+    "uuid": ("uuid", 16),
+}
+
+
+def _prim(kafka_type: str, flexible: bool, nullable: bool) -> tuple[ReadFn, WriteFn, int]:
+    if kafka_type in _FIXED:
+        meth, size = _FIXED[kafka_type]
+        return getattr(Reader, meth), getattr(Writer, meth), size
+    if kafka_type == "string":
+        rname, wname, size = ("compact_string", "compact_string", 1) if flexible else ("string", "string", 2)
+    elif kafka_type in ("bytes", "records"):
+        rname, wname, size = ("compact_bytes", "compact_bytes", 1) if flexible else ("bytes_", "bytes_", 4)
+    else:
+        raise TypeError(f"unknown kafka_type {kafka_type!r}")
+    rd = getattr(Reader, rname)
+    if nullable:
+        return rd, getattr(Writer, wname), size
+
+    def read_required(r: Reader) -> Any:
+        v = rd(r)
+        if v is None:
+            raise Malformed(f"null in a non-nullable {kafka_type}")
+        return v
+
+    return read_required, getattr(Writer, wname), size
+
+
+def _unwrap_optional(tp: Any) -> tuple[Any, bool]:
+    origin = typing.get_origin(tp)
+    if origin in (types.UnionType, typing.Union):
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        if len(args) == 1 and len(typing.get_args(tp)) == 2:
+            return args[0], True
+    return tp, False
+
+
+def _array(elem_read: ReadFn, elem_write: WriteFn, elem_min: int, flexible: bool, nullable: bool, what: str) -> tuple[ReadFn, WriteFn]:
+    if flexible:
+        def read(r: Reader) -> list[Any] | None:
+            n = r.compact_array_len(elem_min)
+            if n < 0:
+                if nullable:
+                    return None
+                raise Malformed(f"null in non-nullable array {what}")
+            return [elem_read(r) for _ in range(n)]
+
+        def write(w: Writer, v: list[Any] | None) -> None:
+            w.compact_array_len(None if v is None else len(v))
+            if v is not None:
+                for item in v:
+                    elem_write(w, item)
+    else:
+        def read(r: Reader) -> list[Any] | None:
+            n = r.array_len(elem_min)
+            if n < 0:
+                if nullable:
+                    return None
+                raise Malformed(f"null in non-nullable array {what}")
+            return [elem_read(r) for _ in range(n)]
+
+        def write(w: Writer, v: list[Any] | None) -> None:
+            w.array_len(None if v is None else len(v))
+            if v is not None:
+                for item in v:
+                    elem_write(w, item)
+    return read, write
+
+
+def _field_default(f: dataclasses.Field[Any]) -> tuple[Any, bool]:
+    if f.default is not dataclasses.MISSING:
+        d = f.default
+    elif f.default_factory is not dataclasses.MISSING:
+        d = f.default_factory()
+    else:
+        return None, False
+    return _to_plain(d), True
+
+
+def _to_plain(v: Any) -> Any:
+    """Turn a kio value (dataclass, tuple, phantom int) into our dict form."""
+    if dataclasses.is_dataclass(v) and not isinstance(v, type):
+        return {f.name: _to_plain(getattr(v, f.name)) for f in dataclasses.fields(v)}
+    if isinstance(v, tuple):
+        return [_to_plain(x) for x in v]
+    if isinstance(v, bool):
+        return v
+    if isinstance(v, int):
+        return int(v)
+    if isinstance(v, datetime.timedelta):
+        return int(v.total_seconds() * 1000)
+    if isinstance(v, datetime.datetime):
+        return int(v.timestamp() * 1000)
+    return v
+
+
+@cache
+def compile_struct(cls: type) -> StructSpec:
+    flexible = bool(getattr(cls, "__flexible__", False))
+    hints = typing.get_type_hints(cls)
+    fields: list[FieldSpec] = []
+    tagged: dict[int, FieldSpec] = {}
+    min_size = 1 if flexible else 0
+    for f in dataclasses.fields(cls):
+        tp, nullable = _unwrap_optional(hints[f.name])
+        tag = f.metadata.get("tag")
+        kafka_type = f.metadata.get("kafka_type")
+        sub: StructSpec | None = None
+        if typing.get_origin(tp) is tuple:
+            elem = typing.get_args(tp)[0]
+            elem, _ = _unwrap_optional(elem)
+            if dataclasses.is_dataclass(elem):
+                sub = compile_struct(elem)
+                er, ew, emin = sub.decode, sub.encode, sub.min_size
+            else:
+                assert kafka_type is not None, (cls, f.name)
+                er, ew, emin = _prim(kafka_type, flexible, False)
+            read, write = _array(er, ew, emin, flexible, nullable, f"{cls.__name__}.{f.name}")
+            size = 1 if flexible else 4
+        elif dataclasses.is_dataclass(tp):
+            sub = compile_struct(tp)
+            read, write = sub.decode, sub.encode
+            size = sub.min_size
+            if nullable:
+                read, write = _nullable_struct(sub)
+                size = 1
+        else:
+            assert kafka_type is not None, (cls, f.name)
+            read, write, size = _prim(kafka_type, flexible, nullable)
+        default, has_default = _field_default(f)
+        if kafka_type == "datetime_i64" and has_default and default is None:
+            default = -1  # kio models the wire's -1 ("no timestamp") as None
+        zero = _zero(tp, kafka_type, nullable, sub)
+        spec = FieldSpec(f.name, tag, read, write, default, has_default, sub, zero)
+        if tag is None:
+            fields.append(spec)
+            min_size += size
+        else:
+            tagged[int(tag)] = spec
+    return StructSpec(cls.__name__, flexible, tuple(fields), dict(sorted(tagged.items())), min_size)
+
+
+def _zero(tp: Any, kafka_type: str | None, nullable: bool, sub: StructSpec | None) -> Any:
+    if typing.get_origin(tp) is tuple:
+        return []
+    if sub is not None:
+        return None if nullable else sub.blank()
+    if nullable:
+        return None
+    if kafka_type == "bool":
+        return False
+    if kafka_type == "string":
+        return ""
+    if kafka_type in ("bytes", "records"):
+        return b""
+    if kafka_type == "uuid":
+        return uuid.UUID(int=0)
+    if kafka_type == "float64":
+        return 0.0
+    return -1  # offsets, ids, epochs, timestamps: Kafka's "unknown"
+
+
+def _nullable_struct(sub: StructSpec) -> tuple[ReadFn, WriteFn]:
+    def read(r: Reader) -> Struct | None:
+        return None if r.int8() < 0 else sub.decode(r)
+
+    def write(w: Writer, v: Struct | None) -> None:
+        if v is None:
+            w.int8(-1)
+        else:
+            w.int8(1)
+            sub.encode(w, v)
+
+    return read, write
+
+
+def _decode_struct(spec: StructSpec, r: Reader) -> Struct:
+    out: Struct = {}
+    for f in spec.fields:
+        out[f.name] = f.read(r)
+    if spec.flexible:
+        n = r.uvarint()
+        if n > r.remaining():
+            raise Malformed(f"{n} tagged fields cannot fit")
+        for _ in range(n):
+            tag = r.uvarint()
+            size = r.uvarint()
+            body = r.raw(size)
+            tf = spec.tagged.get(tag)
+            if tf is None:
+                out.setdefault(TAGS, {})[tag] = bytes(body)
+            else:
+                out[tf.name] = tf.read(Reader(body))
+    return out
+
+
+def _encode_struct(spec: StructSpec, w: Writer, value: Struct) -> None:
+    for f in spec.fields:
+        try:
+            v = value[f.name]
+        except KeyError:
+            if not f.has_default:
+                raise KeyError(f"{spec.name}.{f.name} missing and has no default") from None
+            v = f.default
+        f.write(w, v)
+    if spec.flexible:
+        present: list[tuple[int, bytes]] = []
+        for tag, tf in spec.tagged.items():
+            if tf.name in value:
+                tw = Writer()
+                tf.write(tw, value[tf.name])
+                present.append((tag, b"".join(tw.finish())))
+        unknown = value.get(TAGS)
+        if unknown:
+            present.extend(unknown.items())
+            present.sort()
+        w.uvarint(len(present))
+        for tag, body in present:
+            w.uvarint(tag)
+            w.uvarint(len(body))
+            w.raw(body)
+
+
+# --- per-API lookup -------------------------------------------------------
+
+API_NAMES: dict[int, str] = dict(api_key_map)
+
+
+def known_versions(api_key: int) -> range | None:
+    """The contiguous version range kio has schemas for, or None."""
+    name = api_key_map.get(api_key)
+    if name is None:
+        return None
+    versions = sorted(v for v, m in schema_name_map[name].items() if len(m) >= 2)
+    if not versions:
+        return None
+    return range(versions[0], versions[-1] + 1)
+
+
+@cache
+def request_spec(api_key: int, version: int) -> StructSpec:
+    return compile_struct(load_request_schema(api_key, version))
+
+
+@cache
+def response_spec(api_key: int, version: int) -> StructSpec:
+    return compile_struct(load_response_schema(api_key, version))
+
+
+@cache
+def is_flexible(api_key: int, version: int) -> bool:
+    return bool(load_request_schema(api_key, version).__flexible__)
+
+
+def decode_body(spec: StructSpec, buf: Any, offset: int = 0) -> Struct:
+    """Decode a whole message body; trailing bytes are malformed input."""
+    r = Reader(buf, offset)
+    out = spec.decode(r)
+    if r.remaining():
+        raise Malformed(f"{r.remaining()} trailing bytes after {spec.name}")
+    return out
+
+
+def encode_body(spec: StructSpec, value: Struct) -> list[bytes | memoryview]:
+    w = Writer()
+    spec.encode(w, value)
+    return w.finish()

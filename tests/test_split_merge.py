@@ -1,0 +1,214 @@
+"""Invariants 1, 2 and 5 on the sans-IO core, with kio as the independent oracle.
+
+For random requests of every version of every partition-keyed API and random
+leader maps: each sub-request frame carries exactly one size prefix equal to
+its length and decodes with kio; split keeps every partition exactly once, on
+its leader; merge answers every requested partition exactly once, in the
+client's order, with the answer of the broker that leads it (or a retriable
+error when that broker failed), and no broker identity survives.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import struct
+import uuid
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
+from kio.index import load_request_schema, load_response_schema
+
+from backends.topology import Broker, Topology
+from proxy import errors, routing, schema
+from proxy.core import ANY, Context, Identity, layouts, plan_request, request_head
+from proxy.frames import FrameReader, frame
+from proxy.headers import parse_request_header, response_header
+from tests.kio_oracle import kio_decode, kio_encode, request_payload
+
+IDENTITY = Identity(node_id=42, host="kfan.example", port=19092)
+BROKERS = {i: Broker(i, f"broker{i}.internal", 9000 + i) for i in (1, 2, 3)}
+PARTITIONED = [routing.PRODUCE, routing.FETCH, routing.LIST_OFFSETS, routing.OFFSET_FOR_LEADER_EPOCH, routing.DELETE_RECORDS]
+ALL_VERSIONS = {k: (r.start, r.stop - 1) for k in routing.ROUTES if (r := schema.known_versions(k))}
+# Per API, the response partition field that carries the leader's own answer.
+MARKER = {0: "base_offset", 1: "high_watermark", 2: "offset", 23: "end_offset", 21: "low_watermark"}
+
+
+def _marker(broker: int, partition: int) -> int:
+    return broker * 1_000_000 + partition
+
+
+def _topology(request: dict[str, Any], layout: Any, data: st.DataObject) -> Topology:
+    leaders: dict[str, dict[int, int]] = {}
+    topic_ids: dict[uuid.UUID, str] = {}
+    for key, p in layout.entries(request):
+        name = str(key) if isinstance(key, uuid.UUID) else key
+        if isinstance(key, uuid.UUID):
+            topic_ids[key] = name
+        idx = layout.partition_index(p)
+        leaders.setdefault(name, {})
+        if idx not in leaders[name]:
+            # Mostly led by one of three brokers; sometimes leaderless.
+            leaders[name][idx] = data.draw(st.sampled_from([1, 2, 3, 1, 2, 3, -1]))
+    # Sometimes a topic is unknown altogether.
+    for name in list(leaders):
+        if data.draw(st.integers(0, 9)) == 0:
+            del leaders[name]
+    return Topology(brokers=BROKERS, leaders=leaders, topic_ids=topic_ids)
+
+
+def _answer(api_key: int, version: int, sub_request: dict[str, Any], broker: int, cid: int) -> bytes:
+    """What a broker leading these partitions answers (built independently of the merge)."""
+    _, resp_layout = layouts(api_key, version)
+    req_layout, _ = layouts(api_key, version)
+    spec = schema.response_spec(api_key, version)
+    body = spec.blank()
+    topics = []
+    for t in sub_request[req_layout.topics]:
+        parts = []
+        for p in t[req_layout.partitions]:
+            entry = resp_layout.partition_spec.blank()  # type: ignore[union-attr]
+            entry[resp_layout.index or "partition_index"] = req_layout.partition_index(p)
+            entry["error_code"] = 0
+            entry[MARKER[api_key]] = _marker(broker, req_layout.partition_index(p))
+            if resp_layout.partition_spec.has("current_leader"):  # type: ignore[union-attr]
+                entry["current_leader"] = {"leader_id": broker, "leader_epoch": 5}
+            if "preferred_read_replica" in entry:
+                entry["preferred_read_replica"] = broker
+            parts.append(entry)
+        topics.append({**resp_layout.topic_spec.blank(), resp_layout.topic_key: t[req_layout.topic_key], resp_layout.partitions: parts})
+    body[resp_layout.topics] = topics
+    if "throttle_time" in body:
+        body["throttle_time"] = broker
+    return response_header(api_key, version, cid) + b"".join(bytes(x) for x in schema.encode_body(spec, body))
+
+
+@pytest.mark.parametrize("api_key", PARTITIONED)
+@settings(max_examples=25, suppress_health_check=list(HealthCheck), deadline=None)
+@given(data=st.data())
+def test_split_then_merge_keeps_every_partition_once_in_client_order(api_key: int, data: st.DataObject) -> None:
+    lo, hi = ALL_VERSIONS[api_key]
+    version = data.draw(st.integers(lo, hi), label="version")
+    req_cls = load_request_schema(api_key, version)
+    entity = data.draw(st.from_type(req_cls), label="request")
+    if api_key == routing.PRODUCE:
+        entity = dataclasses.replace(entity, acks=data.draw(st.sampled_from([-1, 1])))
+    if api_key == routing.FETCH and hasattr(entity, "session_id"):
+        entity = dataclasses.replace(entity, session_id=0, session_epoch=-1)
+    request = schema.decode_body(schema.request_spec(api_key, version), kio_encode(entity))
+    req_layout, resp_layout = layouts(api_key, version)
+    keys = req_layout.keys(request)
+    assume(keys)
+    topo = _topology(request, req_layout, data)
+    ctx = Context(IDENTITY, topo, {k: v for k, v in ALL_VERSIONS.items()})
+    plan = plan_request(ctx, request_payload(entity, correlation_id=99))
+
+    def leader(key: Any) -> int | None:
+        name = str(key) if isinstance(key, uuid.UUID) else key
+        return topo.leader(name, key_partition)
+
+    # Split: every routable partition exactly once, on its leader, in client order.
+    expected_by_broker: dict[int, list[Any]] = {}
+    for key, partition in keys:
+        key_partition = partition
+        b = leader(key)
+        if b is not None:
+            expected_by_broker.setdefault(b, []).append((key, partition))
+    assert set(plan.subs) == set(expected_by_broker)
+    answers: dict[Any, Any] = {}
+    failed = set(data.draw(st.sets(st.sampled_from(sorted(expected_by_broker) or [1])), label="failed brokers"))
+    for broker, sub in plan.subs.items():
+        assert sub.expect_response
+        wire = frame([request_head(sub), struct.pack(">i", 1234), *sub.tail])
+        (size,) = struct.unpack_from(">i", wire)
+        assert size == len(wire) - 4, "exactly one size prefix, equal to the length"
+        reader = FrameReader()
+        reader.feed(wire)
+        payload = reader.next_frame()
+        assert payload is not None and reader.next_frame() is None and reader.buffered() == 0
+        hdr = parse_request_header(payload)
+        assert (hdr.api_key, hdr.api_version, hdr.correlation_id) == (api_key, version, 1234)
+        sub_entity = kio_decode(req_cls, payload, hdr.body_offset)
+        sub_request = schema.decode_body(schema.request_spec(api_key, version), kio_encode(sub_entity))
+        assert req_layout.keys(sub_request) == expected_by_broker[broker]
+        for name in request:
+            if name not in (req_layout.topics, "session_id", "session_epoch", "forgotten_topics_data"):
+                assert sub_request.get(name) == request[name], name
+        answers[broker] = errors.NETWORK_EXCEPTION if broker in failed else _answer(api_key, version, sub_request, broker, 1234)
+
+    # Merge: every requested partition exactly once, in client order.
+    assert plan.merge is not None or plan.reply is not None
+    body = plan.reply if plan.merge is None else plan.merge(answers).body
+    resp_cls = load_response_schema(api_key, version)
+    response = schema.decode_body(schema.response_spec(api_key, version), kio_encode(kio_decode(resp_cls, b"".join(bytes(p) for p in body))))
+    assert resp_layout.keys(response) == keys
+    for (key, partition), (_, entry) in zip(keys, resp_layout.entries(response), strict=True):
+        key_partition = partition
+        b = leader(key)
+        if b is None:
+            assert entry["error_code"] in (errors.NOT_LEADER_OR_FOLLOWER, errors.UNKNOWN_TOPIC_OR_PARTITION, errors.UNKNOWN_TOPIC_ID)
+        elif b in failed:
+            assert entry["error_code"] == errors.NETWORK_EXCEPTION
+        else:
+            assert entry["error_code"] == 0
+            assert entry[MARKER[api_key]] == _marker(b, partition)
+        # Invariant 5: no broker identity reaches the client.
+        if "current_leader" in entry:
+            assert entry["current_leader"]["leader_id"] in (-1, IDENTITY.node_id)
+        if "preferred_read_replica" in entry:
+            assert entry["preferred_read_replica"] == -1
+    for ep in response.get("node_endpoints", []):
+        assert (ep["node_id"], ep["host"], ep["port"]) == (IDENTITY.node_id, IDENTITY.host, IDENTITY.port)
+    if "throttle_time" in response and plan.merge is not None:
+        ok = [b for b in plan.subs if b not in failed]
+        assert response["throttle_time"] == max(ok, default=0)
+
+
+@settings(max_examples=100, suppress_health_check=list(HealthCheck), deadline=None)
+@given(data=st.data())
+def test_metadata_answers_name_only_kfan(data: st.DataObject) -> None:
+    lo, hi = ALL_VERSIONS[routing.METADATA]
+    version = data.draw(st.integers(lo, hi))
+    req = data.draw(st.from_type(load_request_schema(routing.METADATA, version)))
+    resp = data.draw(st.from_type(load_response_schema(routing.METADATA, version)))
+    ctx = Context(IDENTITY, Topology(brokers=BROKERS), ALL_VERSIONS)
+    plan = plan_request(ctx, request_payload(req))
+    assert set(plan.subs) == {ANY}
+    outcome = plan.merge({ANY: response_header(3, version, 1) + kio_encode(resp)})  # type: ignore[misc]
+    out = kio_decode(type(resp), b"".join(bytes(p) for p in outcome.body))
+    assert [(b.node_id, b.host, b.port) for b in out.brokers] == [(42, "kfan.example", 19092)]
+    if hasattr(out, "controller_id"):
+        assert out.controller_id == 42
+    for t, t0 in zip(out.topics, resp.topics, strict=True):
+        assert t.name == t0.name and len(t.partitions) == len(t0.partitions)
+        for p, p0 in zip(t.partitions, t0.partitions, strict=True):
+            assert p.leader_id == (42 if p0.leader_id >= 0 else p0.leader_id)
+            assert set(p.replica_nodes) <= {42} and len(p.replica_nodes) == len(p0.replica_nodes)
+            assert set(p.isr_nodes) <= {42}
+    assert outcome.metadata is not None  # the real answer goes to the topology, not the client
+
+
+def test_acks_zero_produce_expects_no_response() -> None:
+    from kio.schema.produce.v9.request import PartitionProduceData, ProduceRequest, TopicProduceData
+
+    import datetime
+
+    req = ProduceRequest(acks=0, timeout=datetime.timedelta(seconds=1), topic_data=(TopicProduceData(name="t", partition_data=tuple(PartitionProduceData(index=i, records=b"x" * 70) for i in range(3))),))  # type: ignore[arg-type]
+    topo = Topology(brokers=BROKERS, leaders={"t": {0: 1, 1: 2, 2: 3}})
+    plan = plan_request(Context(IDENTITY, topo, ALL_VERSIONS), request_payload(req))
+    assert not plan.expect_response
+    assert set(plan.subs) == {1, 2, 3}
+    assert all(not s.expect_response for s in plan.subs.values())
+
+
+def test_whole_request_to_one_broker_is_the_clients_own_bytes() -> None:
+    from kio.schema.produce.v9.request import PartitionProduceData, ProduceRequest, TopicProduceData
+
+    import datetime
+
+    req = ProduceRequest(acks=-1, timeout=datetime.timedelta(seconds=1), topic_data=(TopicProduceData(name="t", partition_data=(PartitionProduceData(index=0, records=b"y" * 900),)),))  # type: ignore[arg-type]
+    payload = request_payload(req, correlation_id=5)
+    plan = plan_request(Context(IDENTITY, Topology(brokers=BROKERS, leaders={"t": {0: 2}}), ALL_VERSIONS), payload)
+    (sub,) = plan.subs.values()
+    assert request_head(sub) + struct.pack(">i", 5) + b"".join(bytes(p) for p in sub.tail) == payload
