@@ -218,12 +218,12 @@ class Cluster:
         if address is None:
             b = self.topology.brokers[broker]
             address = (b.host, b.port)
-        tail = [request_header_tail(api_key, version, CLIENT_ID), *schema.encode_body(schema.request_spec(api_key, version), dict(body))]
+        tail = [request_header_tail(api_key, version, CLIENT_ID), *schema.encode_body(spec := schema.request_spec(api_key, version), {**spec.blank(), **body})]
         pending = self._link(broker, *address).submit(SubRequest(api_key, version, tail, True))
         with trio.fail_after(self.request_timeout):
             payload = await pending.wait()
         spec = schema.response_spec(api_key, version)
-        return schema.decode_body(spec, payload, response_body_offset(payload, api_key, version))
+        return schema.decode_body(spec, payload, response_body_offset(payload, api_key, version), allow_trailing=True)
 
     async def _api_versions(self, key: Any, host: str, port: int) -> dict[int, tuple[int, int]]:
         resp = await self.call(key, routing.API_VERSIONS, _PREFERRED[routing.API_VERSIONS], {}, address=(host, port))

@@ -70,6 +70,12 @@ class Link:
         self.failed: LinkError | None = None
         self._send, self._queue = trio.open_memory_channel[tuple[bytes, Pending]](math.inf)
         self._waiting: dict[int, Pending] = {}
+        # Correlation ids of requests sent expecting no answer (acks=0 Produce).
+        # Real brokers never answer them; some (librdkafka's mock) do. An answer
+        # to a later request proves the earlier ones will never be answered.
+        self._unanswered: dict[int, int] = {}  # correlation id -> submission sequence
+        self._seq = 0
+        self._seq_of: dict[int, int] = {}
         self._next_cid = 0
         self._cancel = trio.CancelScope()
 
@@ -85,8 +91,12 @@ class Link:
         cid = self._next_cid
         self._next_cid = (cid + 1) & 0x7FFFFFFF
         data = frame([request_head(sub), _CID.pack(cid), *sub.tail])
+        self._seq += 1
         if sub.expect_response:
             self._waiting[cid] = pending
+            self._seq_of[cid] = self._seq
+        else:
+            self._unanswered[cid] = self._seq
         self._send.send_nowait((data, pending))
         return pending
 
@@ -143,7 +153,12 @@ class Link:
             cid = correlation_id_of(payload)
             pending = self._waiting.pop(cid, None)
             if pending is None:
+                if self._unanswered.pop(cid, None) is not None:
+                    continue  # an answer nobody waits for (acks=0)
                 raise LinkError(f"broker {self.broker_id} answered unknown correlation id {cid}")
+            seq = self._seq_of.pop(cid)
+            if self._unanswered:
+                self._unanswered = {c: s for c, s in self._unanswered.items() if s > seq}
             pending.set(payload)
 
 

@@ -128,13 +128,17 @@ class ClientConnection:
             slot = _Slot(len(payload))
             try:
                 plan = plan_request(self._context(), payload)
+                if plan.unknown_topics:
+                    # Topics created since the last refresh: a broker would know them.
+                    await self.cluster.refresh(timeout=2.0)
+                    plan = plan_request(self._context(), payload)
             except (Malformed, Unsupported) as e:
                 key, version, cid = peek_request(payload)
                 log.warning("client %s: closing on request api_key=%s v%s correlation_id=%s: %s", self.id, key, version, cid, e)
                 raise _Close from e
             await send.send(slot)
             if plan.reply is not None:
-                self._answer(slot, plan, plan.reply)
+                self._answer(slot, plan, plan.reply if plan.expect_response else None)
                 continue
             pendings = await self._submit(plan)
             self._nursery.start_soon(self._complete, plan, pendings, slot)

@@ -89,6 +89,7 @@ class Plan:
     reply: Parts | None = None
     subs: dict[Target, SubRequest] = field(default_factory=dict)
     merge: Merge | None = None
+    unknown_topics: set[TopicKey] = field(default_factory=set)  # named but not in the topology
 
 
 @dataclass(frozen=True, slots=True)
@@ -153,7 +154,9 @@ def plan_request(ctx: Context, payload: bytes | memoryview) -> Plan:
     if not hdr.known or not _advertises(ctx, hdr):
         raise Unsupported(f"api_key {hdr.api_key} version {hdr.api_version} is not served")
     spec = request_spec(hdr.api_key, hdr.api_version)
-    request = decode_body(spec, payload, hdr.body_offset)
+    # Brokers ignore bytes after a request body (librdkafka sends some with
+    # Metadata v13); so do we. Whole-forwarded requests keep them.
+    request = decode_body(spec, payload, hdr.body_offset, allow_trailing=True)
     policy = routing.ROUTES[hdr.api_key]
     if policy is Policy.LEADER:
         return _plan_partitioned(ctx, hdr, payload, request)
@@ -180,7 +183,7 @@ def _reencoded(hdr: RequestHeader, payload: memoryview, request: Struct, expect_
 
 def decode_answer(hdr: RequestHeader, answer: memoryview | bytes) -> Struct:
     spec = response_spec(hdr.api_key, hdr.api_version)
-    return decode_body(spec, answer, response_body_offset(answer, hdr.api_key, hdr.api_version))
+    return decode_body(spec, answer, response_body_offset(answer, hdr.api_key, hdr.api_version), allow_trailing=True)
 
 
 def _passthrough_body(hdr: RequestHeader, answer: memoryview | bytes) -> Parts:
@@ -277,10 +280,11 @@ def _plan_partitioned(ctx: Context, hdr: RequestHeader, payload: memoryview, req
         outcome.body = encode_body(response_spec(api_key, hdr.api_version), body)
         return outcome
 
+    unknown = {tp[0] for tp, code in unroutable_codes.items() if code != errors.NOT_LEADER_OR_FOLLOWER}
     if not plan_subs:
         # Nothing routable: answer at once with per-partition errors.
-        return Plan(hdr, expect, reply=merge({}).body if expect else None)
-    return Plan(hdr, expect, subs=plan_subs, merge=merge)
+        return Plan(hdr, expect, reply=merge({}).body if expect else [], unknown_topics=unknown)
+    return Plan(hdr, expect, subs=plan_subs, merge=merge, unknown_topics=unknown)
 
 
 def _rewrite_partitions(identity: Identity, body: Struct, layout: Layout, outcome: Outcome) -> None:

@@ -348,11 +348,16 @@ def is_flexible(api_key: int, version: int) -> bool:
     return bool(load_request_schema(api_key, version).__flexible__)
 
 
-def decode_body(spec: StructSpec, buf: Any, offset: int = 0) -> Struct:
-    """Decode a whole message body; trailing bytes are malformed input."""
+def decode_body(spec: StructSpec, buf: Any, offset: int = 0, *, allow_trailing: bool = False) -> Struct:
+    """Decode a whole message body; trailing bytes are malformed input.
+
+    ``allow_trailing`` accepts bytes after the body, as Kafka does: brokers
+    ignore them in requests (librdkafka pads Metadata v13 requests) and
+    clients in responses (librdkafka's mock pads Metadata v9+ responses).
+    """
     r = Reader(buf, offset)
     out = spec.decode(r)
-    if r.remaining():
+    if r.remaining() and not allow_trailing:
         raise Malformed(f"{r.remaining()} trailing bytes after {spec.name}")
     return out
 
