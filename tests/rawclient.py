@@ -1,0 +1,83 @@
+"""A raw Kafka client for tests: kio entities over a plain blocking socket.
+
+Requests are encoded and responses decoded by kio (independent of kfan's own
+codec), so what the tests see is what a client would see on the wire.
+"""
+
+from __future__ import annotations
+
+import socket
+import struct
+import time
+from typing import Any
+
+from kio.index import load_response_from_request
+
+from proxy.headers import response_body_offset
+from tests.kio_oracle import kio_decode, request_payload
+
+
+class RawClient:
+    def __init__(self, address: tuple[str, int], timeout: float = 10.0) -> None:
+        self.sock = socket.create_connection(address, timeout=timeout)
+        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self._cid = 100
+        self._buf = b""
+
+    def close(self) -> None:
+        self.sock.close()
+
+    def __enter__(self) -> RawClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def send(self, entity: Any, correlation_id: int | None = None) -> int:
+        if correlation_id is None:
+            self._cid += 1
+            correlation_id = self._cid
+        payload = request_payload(entity, correlation_id, "rawclient")
+        self.sock.sendall(struct.pack(">i", len(payload)) + payload)
+        return correlation_id
+
+    def send_bytes(self, data: bytes) -> None:
+        self.sock.sendall(data)
+
+    def receive(self, timeout: float = 10.0) -> bytes | None:
+        """The next response payload, or None when the peer closed the connection."""
+        deadline = time.monotonic() + timeout
+        while True:
+            if len(self._buf) >= 4:
+                (size,) = struct.unpack_from(">i", self._buf)
+                if len(self._buf) >= 4 + size:
+                    payload, self._buf = self._buf[4 : 4 + size], self._buf[4 + size :]
+                    return payload
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise TimeoutError("no response")
+            self.sock.settimeout(remaining)
+            chunk = self.sock.recv(65536)
+            if not chunk:
+                return None
+            self._buf += chunk
+
+    def closed_by_peer(self, timeout: float = 5.0) -> bool:
+        try:
+            return self.receive(timeout) is None
+        except (ConnectionResetError, BrokenPipeError):
+            return True
+        except TimeoutError:
+            return False
+
+    def decode(self, entity: Any, payload: bytes) -> Any:
+        cls = load_response_from_request(type(entity))
+        offset = response_body_offset(payload, cls.__api_key__, cls.__version__)
+        return kio_decode(cls, payload, offset)
+
+    def call(self, entity: Any) -> Any:
+        cid = self.send(entity)
+        payload = self.receive()
+        assert payload is not None, "connection closed"
+        assert struct.unpack_from(">i", payload)[0] == cid
+        return self.decode(entity, payload)
