@@ -40,7 +40,7 @@ class Limits:
     max_frame_bytes: int = 100 * 1024 * 1024
     max_inflight: int = 256
     max_buffered_bytes: int = 64 * 1024 * 1024
-    request_timeout: float = 30.0
+    request_timeout: float = 30.0  # beyond the time the request itself allows the broker
 
 
 class _Close(Exception):
@@ -198,7 +198,9 @@ class ClientConnection:
             self._answer(slot, plan, None)
             return
         answers: dict[Target, Answer] = {}
-        with trio.move_on_after(self.limits.request_timeout):
+        # A request that lets the broker hold it (JoinGroup up to its rebalance
+        # timeout, Fetch up to max_wait) gets that long on top of ours.
+        with trio.move_on_after(self.limits.request_timeout + plan.hold_ms / 1000):
             for target, p in pendings.items():
                 if isinstance(p, int):
                     answers[target] = p
@@ -261,5 +263,3 @@ async def serve_client(stream: trio.SocketStream, cluster: Cluster, identity: Id
     log.debug("client %s connected", conn.id)
     await conn.run()
     log.debug("client %s gone", conn.id)
-
-

@@ -90,6 +90,7 @@ class Plan:
     subs: dict[Target, SubRequest] = field(default_factory=dict)
     merge: Merge | None = None
     unknown_topics: set[TopicKey] = field(default_factory=set)  # named but not in the topology
+    hold_ms: int = 0  # how long the request itself lets a broker hold it before answering
 
 
 @dataclass(frozen=True, slots=True)
@@ -159,10 +160,24 @@ def plan_request(ctx: Context, payload: bytes | memoryview) -> Plan:
     request = decode_body(spec, payload, hdr.body_offset, allow_trailing=True)
     policy = routing.ROUTES[hdr.api_key]
     if policy is Policy.LEADER:
-        return _plan_partitioned(ctx, hdr, payload, request)
-    if policy is Policy.COORDINATOR:
-        return _plan_coordinator(ctx, hdr, payload, request)
-    return _plan_any(ctx, hdr, payload, request)
+        plan = _plan_partitioned(ctx, hdr, payload, request)
+    elif policy is Policy.COORDINATOR:
+        plan = _plan_coordinator(ctx, hdr, payload, request)
+    else:
+        plan = _plan_any(ctx, hdr, payload, request)
+    plan.hold_ms = hold_ms(request)
+    return plan
+
+
+# Request fields by which a client lets the broker hold its request: Produce
+# and admin "timeout", Fetch "max_wait", JoinGroup "rebalance_timeout" (a
+# broker keeps a JoinGroup until every member rejoined, up to that long).
+_HOLD_FIELDS = ("timeout", "max_wait", "rebalance_timeout")
+
+
+def hold_ms(request: Struct) -> int:
+    """The longest time ``request`` allows a broker to take, by its own fields."""
+    return max((v for k in _HOLD_FIELDS if isinstance(v := request.get(k), int) and not isinstance(v, bool)), default=0)
 
 
 def _advertises(ctx: Context, hdr: RequestHeader) -> bool:
@@ -386,12 +401,10 @@ def _plan_coordinator(ctx: Context, hdr: RequestHeader, payload: memoryview, req
     return Plan(hdr, True, subs={target: _whole(hdr, payload)}, merge=merge)
 
 
-def _plan_offset_fetch_groups(
-    ctx: Context, hdr: RequestHeader, payload: memoryview, request: Struct, keys: list[Coordinator]
-) -> Plan:
+def _plan_offset_fetch_groups(ctx: Context, hdr: RequestHeader, payload: memoryview, request: Struct, keys: list[Coordinator]) -> Plan:
     """OffsetFetch v8+ naming several groups: one sub-request per group, merged in order."""
     subs: dict[Target, SubRequest] = {}
-    for g, key in zip(request["groups"], keys, strict=True):
+    for key in keys:
         if key not in subs:
             subs[key] = _reencoded(hdr, payload, {**request, "groups": [x for x in request["groups"] if x["group_id"] == key.key]})
     group_spec = response_spec(hdr.api_key, hdr.api_version).field("groups").struct
@@ -510,9 +523,7 @@ def rewrite_metadata(identity: Identity, response: Struct) -> Struct:
     return out
 
 
-def rewrite_find_coordinator(
-    identity: Identity, request: Struct, response: Struct
-) -> tuple[Struct, dict[Coordinator, int]]:
+def rewrite_find_coordinator(identity: Identity, request: Struct, response: Struct) -> tuple[Struct, dict[Coordinator, int]]:
     """Name kfan as the coordinator; return the real ones, learned on the way."""
     key_type = request.get("key_type", 0)
     learned: dict[Coordinator, int] = {}

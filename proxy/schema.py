@@ -133,6 +133,7 @@ def _unwrap_optional(tp: Any) -> tuple[Any, bool]:
 
 def _array(elem_read: ReadFn, elem_write: WriteFn, elem_min: int, flexible: bool, nullable: bool, what: str) -> tuple[ReadFn, WriteFn]:
     if flexible:
+
         def read(r: Reader) -> list[Any] | None:
             n = r.compact_array_len(elem_min)
             if n < 0:
@@ -147,6 +148,7 @@ def _array(elem_read: ReadFn, elem_write: WriteFn, elem_min: int, flexible: bool
                 for item in v:
                     elem_write(w, item)
     else:
+
         def read(r: Reader) -> list[Any] | None:
             n = r.array_len(elem_min)
             if n < 0:
@@ -160,6 +162,7 @@ def _array(elem_read: ReadFn, elem_write: WriteFn, elem_min: int, flexible: bool
             if v is not None:
                 for item in v:
                     elem_write(w, item)
+
     return read, write
 
 
@@ -253,6 +256,8 @@ def _zero(tp: Any, kafka_type: str | None, nullable: bool, sub: StructSpec | Non
         return uuid.UUID(int=0)
     if kafka_type == "float64":
         return 0.0
+    if kafka_type in ("timedelta_i32", "timedelta_i64"):
+        return 0  # durations (throttle_time_ms and friends): none
     return -1  # offsets, ids, epochs, timestamps: Kafka's "unknown"
 
 
