@@ -214,11 +214,16 @@ class Cluster:
             self._nursery.start_soon(link.run)
         return link
 
-    async def call(self, broker: Any, api_key: int, version: int, body: Mapping[str, Any], *, address: tuple[str, int] | None = None) -> dict[str, Any]:
+    async def call(
+        self, broker: Any, api_key: int, version: int, body: Mapping[str, Any], *, address: tuple[str, int] | None = None
+    ) -> dict[str, Any]:
         if address is None:
             b = self.topology.brokers[broker]
             address = (b.host, b.port)
-        tail = [request_header_tail(api_key, version, CLIENT_ID), *schema.encode_body(spec := schema.request_spec(api_key, version), {**spec.blank(), **body})]
+        tail = [
+            request_header_tail(api_key, version, CLIENT_ID),
+            *schema.encode_body(spec := schema.request_spec(api_key, version), {**spec.blank(), **body}),
+        ]
         pending = self._link(broker, *address).submit(SubRequest(api_key, version, tail, True))
         with trio.fail_after(self.request_timeout):
             payload = await pending.wait()

@@ -36,7 +36,11 @@ def test_records_are_views_of_the_input_not_copies() -> None:
     from kio.schema.produce.v9.request import PartitionProduceData, ProduceRequest, TopicProduceData
 
     batch = bytes(range(256)) * 4
-    req = ProduceRequest(acks=1, timeout=datetime.timedelta(seconds=1), topic_data=(TopicProduceData(name="t", partition_data=(PartitionProduceData(index=0, records=batch),)),))  # type: ignore[arg-type]
+    req = ProduceRequest(
+        acks=1,
+        timeout=datetime.timedelta(seconds=1),
+        topic_data=(TopicProduceData(name="t", partition_data=(PartitionProduceData(index=0, records=batch),)),),
+    )  # type: ignore[arg-type]
     wire = kio_encode(req)
     decoded = schema.decode_body(schema.request_spec(0, 9), wire)
     records = decoded["topic_data"][0]["partition_data"][0]["records"]
@@ -55,7 +59,13 @@ def test_huge_array_count_is_rejected_before_allocation() -> None:
 def test_truncated_and_trailing_input_is_malformed() -> None:
     from kio.schema.metadata.v12.request import MetadataRequest, MetadataRequestTopic
 
-    wire = kio_encode(MetadataRequest(topics=(MetadataRequestTopic(topic_id=None, name="abc"),), allow_auto_topic_creation=True, include_topic_authorized_operations=False))  # type: ignore[arg-type]
+    wire = kio_encode(
+        MetadataRequest(
+            topics=(MetadataRequestTopic(topic_id=None, name="abc"),),
+            allow_auto_topic_creation=True,
+            include_topic_authorized_operations=False,
+        )
+    )  # type: ignore[arg-type]
     for cut in range(len(wire)):
         with pytest.raises(Malformed):
             schema.decode_body(schema.request_spec(3, 12), wire[:cut])

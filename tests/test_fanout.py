@@ -43,7 +43,12 @@ def _high_watermarks_from_brokers(cluster: MockCluster, topic: str) -> dict[int,
             req = ListOffsetsRequest(
                 replica_id=-1,  # type: ignore[arg-type]
                 isolation_level=0,  # type: ignore[arg-type]
-                topics=(ListOffsetsTopic(name=topic, partitions=tuple(ListOffsetsPartition(partition_index=p, current_leader_epoch=-1, timestamp=-1) for p in range(6))),),  # type: ignore[arg-type]
+                topics=(
+                    ListOffsetsTopic(
+                        name=topic,
+                        partitions=tuple(ListOffsetsPartition(partition_index=p, current_leader_epoch=-1, timestamp=-1) for p in range(6)),
+                    ),
+                ),  # type: ignore[arg-type]
             )
             for p in c.call(req).topics[0].partitions:
                 if p.error_code.value == 0:
@@ -56,7 +61,11 @@ def _produce_request(topic: str, partitions: list[int], acks: int) -> ProduceReq
         transactional_id=None,
         acks=acks,  # type: ignore[arg-type]
         timeout=datetime.timedelta(seconds=5),
-        topic_data=(TopicProduceData(name=topic, partition_data=tuple(PartitionProduceData(index=p, records=_batch(f"p{p}".encode())) for p in partitions)),),  # type: ignore[arg-type]
+        topic_data=(
+            TopicProduceData(
+                name=topic, partition_data=tuple(PartitionProduceData(index=p, records=_batch(f"p{p}".encode())) for p in partitions)
+            ),
+        ),  # type: ignore[arg-type]
     )
 
 
@@ -75,7 +84,13 @@ def test_one_produce_reaches_all_three_leaders(kfan: Kfan, cluster: MockCluster,
 def test_acks_zero_gets_no_response_and_later_requests_keep_order(kfan: Kfan, cluster: MockCluster, topic: str) -> None:
     with RawClient(kfan.address) as c:
         quiet = [c.send(_produce_request(topic, [0, 1, 2, 3, 4, 5], acks=0)) for _ in range(20)]
-        md_cid = c.send(MetadataRequest(topics=(MetadataRequestTopic(topic_id=None, name=topic),), allow_auto_topic_creation=False, include_topic_authorized_operations=False))  # type: ignore[arg-type]
+        md_cid = c.send(
+            MetadataRequest(
+                topics=(MetadataRequestTopic(topic_id=None, name=topic),),
+                allow_auto_topic_creation=False,
+                include_topic_authorized_operations=False,
+            )
+        )  # type: ignore[arg-type]
         more_quiet = [c.send(_produce_request(topic, [5, 4], acks=0)) for _ in range(5)]
         produce_cid = c.send(_produce_request(topic, [3, 0], acks=1))
         first, second = c.receive(), c.receive()

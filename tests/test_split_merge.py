@@ -141,7 +141,9 @@ def test_split_then_merge_keeps_every_partition_once_in_client_order(api_key: in
     assert plan.merge is not None or plan.reply is not None
     body = plan.reply if plan.merge is None else plan.merge(answers).body
     resp_cls = load_response_schema(api_key, version)
-    response = schema.decode_body(schema.response_spec(api_key, version), kio_encode(kio_decode(resp_cls, b"".join(bytes(p) for p in body))))
+    response = schema.decode_body(
+        schema.response_spec(api_key, version), kio_encode(kio_decode(resp_cls, b"".join(bytes(p) for p in body)))
+    )
     assert resp_layout.keys(response) == keys
     for (key, partition), (_, entry) in zip(keys, resp_layout.entries(response), strict=True):
         key_partition = partition
@@ -190,11 +192,15 @@ def test_metadata_answers_name_only_kfan(data: st.DataObject) -> None:
 
 
 def test_acks_zero_produce_expects_no_response() -> None:
-    from kio.schema.produce.v9.request import PartitionProduceData, ProduceRequest, TopicProduceData
-
     import datetime
 
-    req = ProduceRequest(acks=0, timeout=datetime.timedelta(seconds=1), topic_data=(TopicProduceData(name="t", partition_data=tuple(PartitionProduceData(index=i, records=b"x" * 70) for i in range(3))),))  # type: ignore[arg-type]
+    from kio.schema.produce.v9.request import PartitionProduceData, ProduceRequest, TopicProduceData
+
+    req = ProduceRequest(
+        acks=0,
+        timeout=datetime.timedelta(seconds=1),
+        topic_data=(TopicProduceData(name="t", partition_data=tuple(PartitionProduceData(index=i, records=b"x" * 70) for i in range(3))),),
+    )  # type: ignore[arg-type]
     topo = Topology(brokers=BROKERS, leaders={"t": {0: 1, 1: 2, 2: 3}})
     plan = plan_request(Context(IDENTITY, topo, ALL_VERSIONS), request_payload(req))
     assert not plan.expect_response
@@ -203,11 +209,15 @@ def test_acks_zero_produce_expects_no_response() -> None:
 
 
 def test_whole_request_to_one_broker_is_the_clients_own_bytes() -> None:
-    from kio.schema.produce.v9.request import PartitionProduceData, ProduceRequest, TopicProduceData
-
     import datetime
 
-    req = ProduceRequest(acks=-1, timeout=datetime.timedelta(seconds=1), topic_data=(TopicProduceData(name="t", partition_data=(PartitionProduceData(index=0, records=b"y" * 900),)),))  # type: ignore[arg-type]
+    from kio.schema.produce.v9.request import PartitionProduceData, ProduceRequest, TopicProduceData
+
+    req = ProduceRequest(
+        acks=-1,
+        timeout=datetime.timedelta(seconds=1),
+        topic_data=(TopicProduceData(name="t", partition_data=(PartitionProduceData(index=0, records=b"y" * 900),)),),
+    )  # type: ignore[arg-type]
     payload = request_payload(req, correlation_id=5)
     plan = plan_request(Context(IDENTITY, Topology(brokers=BROKERS, leaders={"t": {0: 2}}), ALL_VERSIONS), payload)
     (sub,) = plan.subs.values()
