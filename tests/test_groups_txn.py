@@ -35,6 +35,8 @@ def _consume(
             "auto.offset.reset": "earliest",
             "enable.auto.commit": False,
             "isolation.level": isolation,
+            # The mock holds a rejoin for session timeout - 1 s (see test_clients).
+            "session.timeout.ms": 6000,
         }
     )
     consumer.subscribe([topic])
