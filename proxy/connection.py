@@ -234,7 +234,7 @@ class ClientConnection:
             self.cluster.learn(outcome.coordinators)
         for c in outcome.moved:
             self.cluster.forget(c)
-        if outcome.stale_topics:
+        if outcome.stale_topics or outcome.refresh:
             self.cluster.request_refresh()
         self._answer(slot, plan, outcome.body)
 

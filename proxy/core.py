@@ -77,6 +77,7 @@ class Outcome:
     stale_topics: set[TopicKey] = field(default_factory=set)
     coordinators: dict[Coordinator, int] = field(default_factory=dict)
     moved: set[Coordinator] = field(default_factory=set)
+    refresh: bool = False  # the request changed topics or leaders: refresh the topology
 
 
 Merge = Callable[[Mapping[Target, Answer]], Outcome]
@@ -163,6 +164,8 @@ def plan_request(ctx: Context, payload: bytes | memoryview) -> Plan:
         plan = _plan_partitioned(ctx, hdr, payload, request)
     elif policy is Policy.COORDINATOR:
         plan = _plan_coordinator(ctx, hdr, payload, request)
+    elif policy is Policy.EVERY_BROKER:
+        plan = _plan_every_broker(ctx, hdr, payload)
     else:
         plan = _plan_any(ctx, hdr, payload, request)
     plan.hold_ms = hold_ms(request)
@@ -214,6 +217,7 @@ _PARTITIONED: dict[int, tuple[tuple[str, str, str | None], tuple[str, str, str |
     routing.LIST_OFFSETS: (("topics", "partitions", "partition_index"), ("topics", "partitions", "partition_index")),
     routing.OFFSET_FOR_LEADER_EPOCH: (("topics", "partitions", "partition"), ("topics", "partitions", "partition")),
     routing.DELETE_RECORDS: (("topics", "partitions", "partition_index"), ("topics", "partitions", "partition_index")),
+    routing.DESCRIBE_PRODUCERS: (("topics", "partition_indexes", None), ("topics", "partitions", "partition_index")),
 }
 
 
@@ -366,13 +370,42 @@ _GROUP_KEYED = {
 }
 
 
+@dataclass(frozen=True, slots=True)
+class Batch:
+    """A request naming several groups or transactions, and where its answer lists them."""
+
+    key_type: int  # 0 group, 1 transaction
+    request_array: str
+    request_key: str | None  # None: the array holds the keys themselves
+    response_array: str
+    response_key: str
+
+
+# Batched forms: each entry goes to its own coordinator, answers merged in order.
+BATCHES: dict[int, Batch] = {
+    routing.OFFSET_FETCH: Batch(0, "groups", "group_id", "groups", "group_id"),  # v8+
+    routing.DESCRIBE_GROUPS: Batch(0, "groups", None, "groups", "group_id"),
+    routing.DELETE_GROUPS: Batch(0, "groups_names", None, "results", "group_id"),
+    routing.CONSUMER_GROUP_DESCRIBE: Batch(0, "group_ids", None, "groups", "group_id"),
+    routing.DESCRIBE_TRANSACTIONS: Batch(1, "transactional_ids", None, "transaction_states", "transactional_id"),
+    routing.ADD_PARTITIONS_TO_TXN: Batch(1, "transactions", "transactional_id", "results_by_transaction", "transactional_id"),  # v4+
+}
+
+
+def batch_of(api_key: int, request: Struct) -> Batch | None:
+    batch = BATCHES.get(api_key)
+    return batch if batch is not None and batch.request_array in request else None
+
+
+def _batch_key(batch: Batch, entry: Any) -> str:
+    return entry if batch.request_key is None else entry[batch.request_key]
+
+
 def coordinators_of(api_key: int, request: Struct) -> list[Coordinator] | None:
-    """The coordinator(s) a request belongs to; None means any broker will do."""
-    if api_key in _GROUP_KEYED:
-        return [Coordinator(0, request["group_id"])]
-    if api_key == routing.OFFSET_FETCH:
-        if "groups" in request:
-            return [Coordinator(0, g["group_id"]) for g in request["groups"]]
+    """The coordinator(s) a request belongs to, one per entry of a batched form; None: any broker will do."""
+    if (batch := batch_of(api_key, request)) is not None:
+        return [Coordinator(batch.key_type, _batch_key(batch, e)) for e in request[batch.request_array]]
+    if api_key in _GROUP_KEYED or api_key == routing.OFFSET_FETCH:
         return [Coordinator(0, request["group_id"])]
     if api_key == routing.INIT_PRODUCER_ID:
         txn = request.get("transactional_id")
@@ -384,16 +417,18 @@ def coordinators_of(api_key: int, request: Struct) -> list[Coordinator] | None:
 
 def _plan_coordinator(ctx: Context, hdr: RequestHeader, payload: memoryview, request: Struct) -> Plan:
     keys = coordinators_of(hdr.api_key, request)
-    if keys is None:
+    if not keys:  # not transactional, or a batch naming nothing
         return _plan_any(ctx, hdr, payload, request)
     if len(set(keys)) > 1:
-        return _plan_offset_fetch_groups(ctx, hdr, payload, request, keys)
+        batch = batch_of(hdr.api_key, request)
+        assert batch is not None
+        return _plan_batch(hdr, payload, request, batch)
     target = keys[0]
 
     def merge(answers: Mapping[Target, Answer]) -> Outcome:
         answer = answers[target]
         if isinstance(answer, int):
-            return Outcome(_error_body(hdr, errors.NOT_COORDINATOR), moved={target})
+            return Outcome(_coordinator_error_body(hdr, request), moved={target})
         decoded = decode_answer(hdr, answer)
         moved = {target} if any(c in errors.COORDINATOR_MOVED for c in _error_codes(decoded)) else set()
         return Outcome(_passthrough_body(hdr, answer), moved=moved)
@@ -401,40 +436,126 @@ def _plan_coordinator(ctx: Context, hdr: RequestHeader, payload: memoryview, req
     return Plan(hdr, True, subs={target: _whole(hdr, payload)}, merge=merge)
 
 
-def _plan_offset_fetch_groups(ctx: Context, hdr: RequestHeader, payload: memoryview, request: Struct, keys: list[Coordinator]) -> Plan:
-    """OffsetFetch v8+ naming several groups: one sub-request per group, merged in order."""
+def _coordinator_error_body(hdr: RequestHeader, request: Struct) -> Parts:
+    """NOT_COORDINATOR for a coordinator we could not reach: the client looks it up again."""
+    batch = batch_of(hdr.api_key, request)
+    if batch is None:
+        return _error_body(hdr, errors.NOT_COORDINATOR)
+    spec = response_spec(hdr.api_key, hdr.api_version)
+    body = spec.blank()
+    body[batch.response_array] = [_batch_error_entry(hdr, batch, e, errors.NOT_COORDINATOR) for e in request[batch.request_array]]
+    return encode_body(spec, body)
+
+
+def _batch_error_entry(hdr: RequestHeader, batch: Batch, request_entry: Any, code: int) -> Struct:
+    entry_spec = response_spec(hdr.api_key, hdr.api_version).field(batch.response_array).struct
+    assert entry_spec is not None
+    entry = {**entry_spec.blank(), batch.response_key: _batch_key(batch, request_entry)}
+    if "error_code" in entry:
+        entry["error_code"] = code
+    # AddPartitionsToTxn v4+ reports per partition: each requested one gets the error.
+    if batch.request_key is not None and "topic_results" in entry:
+        entry["topic_results"] = [
+            {"name": t["name"], "results_by_partition": [{"partition_index": p, "partition_error_code": code} for p in t["partitions"]]}
+            for t in request_entry["topics"]
+        ]
+    return entry
+
+
+def _plan_batch(hdr: RequestHeader, payload: memoryview, request: Struct, batch: Batch) -> Plan:
+    """One sub-request per coordinator key, each keeping the client's order; merged back in that order."""
+    entries = request[batch.request_array]
     subs: dict[Target, SubRequest] = {}
-    for key in keys:
+    for e in entries:
+        key = Coordinator(batch.key_type, _batch_key(batch, e))
         if key not in subs:
-            subs[key] = _reencoded(hdr, payload, {**request, "groups": [x for x in request["groups"] if x["group_id"] == key.key]})
-    group_spec = response_spec(hdr.api_key, hdr.api_version).field("groups").struct
-    assert group_spec is not None
+            mine = [x for x in entries if _batch_key(batch, x) == key.key]
+            subs[key] = _reencoded(hdr, payload, {**request, batch.request_array: mine})
 
     def merge(answers: Mapping[Target, Answer]) -> Outcome:
-        by_group: dict[str, Struct] = {}
+        # Per key, the answer's entries in order (a key the client named twice is answered twice).
+        by_key: dict[str, list[Struct]] = {}
         throttle = 0
+        top_error = 0
         moved: set[Coordinator] = set()
-        for key, answer in answers.items():
-            assert isinstance(key, Coordinator)
+        failed: dict[str, int] = {}
+        for target, answer in answers.items():
+            assert isinstance(target, Coordinator)
             if isinstance(answer, int):
-                moved.add(key)
+                moved.add(target)
+                failed[target.key] = errors.NOT_COORDINATOR
                 continue
             d = decode_answer(hdr, answer)
-            throttle = max(throttle, d["throttle_time"])
-            for g in d["groups"]:
-                by_group.setdefault(g["group_id"], g)
-                if g["error_code"] in errors.COORDINATOR_MOVED:
-                    moved.add(key)
-        groups = []
-        for g in request["groups"]:
-            entry = by_group.get(g["group_id"])
-            if entry is None:
-                entry = {**group_spec.blank(), "group_id": g["group_id"], "error_code": errors.NOT_COORDINATOR}
-            groups.append(entry)
-        body = encode_body(response_spec(hdr.api_key, hdr.api_version), {"throttle_time": throttle, "groups": groups})
-        return Outcome(body, moved=moved)
+            throttle = max(throttle, d.get("throttle_time", 0))
+            top_error = top_error or d.get("error_code", 0)
+            for entry in d[batch.response_array]:
+                by_key.setdefault(entry[batch.response_key], []).append(entry)
+                if any(c in errors.COORDINATOR_MOVED for c in _error_codes(entry)):
+                    moved.add(target)
+        merged = []
+        for e in entries:
+            key = _batch_key(batch, e)
+            pending = by_key.get(key)
+            if pending:
+                merged.append(pending.pop(0))
+            else:
+                merged.append(_batch_error_entry(hdr, batch, e, failed.get(key, errors.NOT_COORDINATOR)))
+        spec = response_spec(hdr.api_key, hdr.api_version)
+        body = spec.blank()
+        body[batch.response_array] = merged
+        if "throttle_time" in body:
+            body["throttle_time"] = throttle
+        if "error_code" in body:
+            body["error_code"] = top_error
+        return Outcome(encode_body(spec, body), moved=moved)
 
     return Plan(hdr, True, subs=subs, merge=merge)
+
+
+# --- every broker -------------------------------------------------------------
+
+# api_key -> the answer's array that is concatenated over brokers.
+EVERY_BROKER_ARRAYS: dict[int, str] = {
+    routing.LIST_GROUPS: "groups",
+    routing.LIST_TRANSACTIONS: "transaction_states",
+    routing.DESCRIBE_LOG_DIRS: "results",
+}
+
+
+def _plan_every_broker(ctx: Context, hdr: RequestHeader, payload: memoryview) -> Plan:
+    """Ask each broker (each coordinates or stores its own share) and concatenate the answers."""
+    brokers = sorted(ctx.topology.brokers)
+    if not brokers:
+        return _plan_any(ctx, hdr, payload, {})
+    array = EVERY_BROKER_ARRAYS[hdr.api_key]
+
+    def merge(answers: Mapping[Target, Answer]) -> Outcome:
+        spec = response_spec(hdr.api_key, hdr.api_version)
+        body = spec.blank()
+        merged: list[Any] = []
+        throttle = 0
+        error = 0
+        unknown_filters: list[str] = []
+        for broker in brokers:
+            answer = answers[broker]
+            if isinstance(answer, int):
+                # Part of the list is missing: say so with a retriable code.
+                error = error or errors.COORDINATOR_NOT_AVAILABLE
+                continue
+            d = decode_answer(hdr, answer)
+            throttle = max(throttle, d.get("throttle_time", 0))
+            error = error or d.get("error_code", 0)
+            merged.extend(d[array])
+            unknown_filters.extend(f for f in d.get("unknown_state_filters", []) if f not in unknown_filters)
+        if error and "error_code" not in body:
+            raise BrokerUnavailable(f"api_key {hdr.api_key} v{hdr.api_version} cannot report that a broker failed")
+        body[array] = merged
+        for name, value in (("throttle_time", throttle), ("error_code", error), ("unknown_state_filters", unknown_filters)):
+            if name in body:
+                body[name] = value
+        return Outcome(encode_body(spec, body))
+
+    return Plan(hdr, True, subs={b: _whole(hdr, payload) for b in brokers}, merge=merge)
 
 
 def _error_codes(value: Any) -> list[int]:
@@ -469,27 +590,55 @@ class BrokerUnavailable(Exception):
 # --- any broker ------------------------------------------------------------------
 
 
+# Config resources that name a broker: BROKER and BROKER_LOGGER (Kafka's ConfigResource.Type).
+_BROKER_RESOURCES = frozenset({4, 8})
+# api_key -> the answer's array of resources.
+_CONFIG_ANSWERS = {routing.DESCRIBE_CONFIGS: "results", routing.ALTER_CONFIGS: "responses", routing.INCREMENTAL_ALTER_CONFIGS: "responses"}
+
+
 def _plan_any(ctx: Context, hdr: RequestHeader, payload: memoryview, request: Struct) -> Plan:
     identity = ctx.identity
+    target: Target = ANY
+    sub = _whole(hdr, payload)
+    stand_in: str | None = None  # the real broker answering for kfan's own node id
+    if hdr.api_key in _CONFIG_ANSWERS and ctx.topology.brokers:
+        kfan_name = str(identity.node_id)
+        if any(r["resource_type"] in _BROKER_RESOURCES and r["resource_name"] == kfan_name for r in request["resources"]):
+            # Broker configs are answered by the broker they name; kfan's are a backend broker's.
+            broker = min(ctx.topology.brokers)
+            target, stand_in = broker, str(broker)
+            resources = [
+                {**r, "resource_name": stand_in} if r["resource_type"] in _BROKER_RESOURCES and r["resource_name"] == kfan_name else r
+                for r in request["resources"]
+            ]
+            sub = _reencoded(hdr, payload, {**request, "resources": resources})
+    elif hdr.api_key in routing.CONTROLLER_PREFERRED and ctx.topology.controller_id in ctx.topology.brokers:
+        target = ctx.topology.controller_id
 
     def merge(answers: Mapping[Target, Answer]) -> Outcome:
-        answer = answers[ANY]
+        answer = answers[target]
         if isinstance(answer, int):
             return Outcome(_error_body(hdr, answer))
-        if hdr.api_key == routing.METADATA:
+        api_key = hdr.api_key
+        spec = response_spec(api_key, hdr.api_version)
+        if api_key == routing.METADATA:
             decoded = decode_answer(hdr, answer)
-            body = rewrite_metadata(identity, decoded)
-            return Outcome(encode_body(response_spec(hdr.api_key, hdr.api_version), body), metadata=decoded)
-        if hdr.api_key == routing.FIND_COORDINATOR:
-            decoded = decode_answer(hdr, answer)
-            body, learned = rewrite_find_coordinator(identity, request, decoded)
-            return Outcome(encode_body(response_spec(hdr.api_key, hdr.api_version), body), coordinators=learned)
-        if hdr.api_key == routing.DESCRIBE_CLUSTER:
-            body = rewrite_describe_cluster(identity, decode_answer(hdr, answer))
-            return Outcome(encode_body(response_spec(hdr.api_key, hdr.api_version), body))
-        return Outcome(_passthrough_body(hdr, answer))
+            return Outcome(encode_body(spec, rewrite_metadata(identity, decoded)), metadata=decoded)
+        if api_key == routing.FIND_COORDINATOR:
+            body, learned = rewrite_find_coordinator(identity, request, decode_answer(hdr, answer))
+            return Outcome(encode_body(spec, body), coordinators=learned)
+        if api_key == routing.DESCRIBE_CLUSTER:
+            return Outcome(encode_body(spec, rewrite_describe_cluster(identity, decode_answer(hdr, answer))))
+        if api_key == routing.DESCRIBE_TOPIC_PARTITIONS:
+            return Outcome(encode_body(spec, rewrite_describe_topic_partitions(identity, decode_answer(hdr, answer))))
+        if api_key == routing.LIST_PARTITION_REASSIGNMENTS:
+            return Outcome(encode_body(spec, rewrite_reassignments(identity, decode_answer(hdr, answer))))
+        if stand_in is not None:
+            body = rewrite_config_resources(decode_answer(hdr, answer), _CONFIG_ANSWERS[api_key], stand_in, str(identity.node_id))
+            return Outcome(encode_body(spec, body))
+        return Outcome(_passthrough_body(hdr, answer), refresh=api_key in routing.TOPOLOGY_CHANGING)
 
-    return Plan(hdr, True, subs={ANY: _whole(hdr, payload)}, merge=merge)
+    return Plan(hdr, True, subs={target: sub}, merge=merge)
 
 
 # --- identity rewriting -------------------------------------------------------------
@@ -499,28 +648,59 @@ def _broker_entry(identity: Identity, id_field: str = "node_id") -> Struct:
     return {id_field: identity.node_id, "host": identity.host, "port": identity.port, "rack": None}
 
 
+# Partition fields listing broker ids (Metadata, DescribeTopicPartitions, reassignments).
+_NODE_LISTS = (
+    "replica_nodes",
+    "isr_nodes",
+    "offline_replicas",
+    "eligible_leader_replicas",
+    "last_known_elr",
+    "replicas",
+    "adding_replicas",
+    "removing_replicas",
+)
+
+
+def _partition_as_kfan(node: int, p: Struct) -> Struct:
+    q = dict(p)
+    if q.get("leader_id", -1) >= 0:
+        q["leader_id"] = node
+    for name in _NODE_LISTS:
+        if q.get(name):
+            # Keep the count (it is the replication factor tools show).
+            q[name] = [node] * len(q[name])
+    return q
+
+
+def _topics_as_kfan(node: int, topics: list[Struct]) -> list[Struct]:
+    return [{**t, "partitions": [_partition_as_kfan(node, p) for p in t["partitions"]]} for t in topics]
+
+
 def rewrite_metadata(identity: Identity, response: Struct) -> Struct:
     """kfan as the only broker: every leader, replica and controller is kfan."""
-    node = identity.node_id
     out = dict(response)
     out["brokers"] = [_broker_entry(identity)]
     if "controller_id" in out:
-        out["controller_id"] = node
-    topics = []
-    for t in response["topics"]:
-        partitions = []
-        for p in t["partitions"]:
-            q = dict(p)
-            if q["leader_id"] >= 0:
-                q["leader_id"] = node
-            for name in ("replica_nodes", "isr_nodes", "offline_replicas"):
-                if name in q:
-                    # Keep the count (it is the replication factor tools show).
-                    q[name] = [node] * len(q[name])
-            partitions.append(q)
-        topics.append({**t, "partitions": partitions})
-    out["topics"] = topics
+        out["controller_id"] = identity.node_id
+    out["topics"] = _topics_as_kfan(identity.node_id, response["topics"])
     return out
+
+
+def rewrite_describe_topic_partitions(identity: Identity, response: Struct) -> Struct:
+    return {**response, "topics": _topics_as_kfan(identity.node_id, response["topics"])}
+
+
+def rewrite_reassignments(identity: Identity, response: Struct) -> Struct:
+    return {**response, "topics": _topics_as_kfan(identity.node_id, response["topics"])}
+
+
+def rewrite_config_resources(response: Struct, array: str, stand_in: str, kfan_name: str) -> Struct:
+    """The stand-in broker's answers about itself become answers about kfan."""
+    entries = [
+        {**r, "resource_name": kfan_name} if r["resource_type"] in _BROKER_RESOURCES and r["resource_name"] == stand_in else r
+        for r in response[array]
+    ]
+    return {**response, array: entries}
 
 
 def rewrite_find_coordinator(identity: Identity, request: Struct, response: Struct) -> tuple[Struct, dict[Coordinator, int]]:

@@ -1,9 +1,10 @@
 """The routing table: which APIs kfan serves and how each request is routed.
 
 Policies (DESIGN.md): ``local`` (answered by kfan), ``leader`` (split by
-partition leader), ``coordinator`` (whole to the group or transaction
-coordinator), ``any`` (whole to a live broker, identity rewritten in the
-answer). An API absent from this table is never advertised, and a request for
+partition leader), ``coordinator`` (to the group or transaction coordinator;
+batched forms naming several groups or transactions are split by
+coordinator), ``every broker`` (asked of each broker, answers concatenated),
+``any`` (whole to a live broker, identity rewritten in the answer). An API absent from this table is never advertised, and a request for
 it closes the connection, as a broker does.
 """
 
@@ -16,6 +17,7 @@ class Policy(enum.Enum):
     LOCAL = "local"
     LEADER = "leader"
     COORDINATOR = "coordinator"
+    EVERY_BROKER = "every broker"
     ANY = "any"
 
 
@@ -40,10 +42,31 @@ ADD_PARTITIONS_TO_TXN = 24
 ADD_OFFSETS_TO_TXN = 25
 END_TXN = 26
 TXN_OFFSET_COMMIT = 28
+DESCRIBE_GROUPS = 15
+LIST_GROUPS = 16
+DESCRIBE_ACLS = 29
+CREATE_ACLS = 30
+DELETE_ACLS = 31
+DESCRIBE_CONFIGS = 32
+ALTER_CONFIGS = 33
+DESCRIBE_LOG_DIRS = 35
 CREATE_PARTITIONS = 37
+DELETE_GROUPS = 42
+ELECT_LEADERS = 43
+INCREMENTAL_ALTER_CONFIGS = 44
+ALTER_PARTITION_REASSIGNMENTS = 45
+LIST_PARTITION_REASSIGNMENTS = 46
 OFFSET_DELETE = 47
+DESCRIBE_CLIENT_QUOTAS = 48
+ALTER_CLIENT_QUOTAS = 49
+DESCRIBE_USER_SCRAM_CREDENTIALS = 50
 DESCRIBE_CLUSTER = 60
+DESCRIBE_PRODUCERS = 61
+DESCRIBE_TRANSACTIONS = 65
+LIST_TRANSACTIONS = 66
 CONSUMER_GROUP_HEARTBEAT = 68
+CONSUMER_GROUP_DESCRIBE = 69
+DESCRIBE_TOPIC_PARTITIONS = 75
 
 ROUTES: dict[int, Policy] = {
     API_VERSIONS: Policy.LOCAL,
@@ -52,6 +75,7 @@ ROUTES: dict[int, Policy] = {
     LIST_OFFSETS: Policy.LEADER,
     OFFSET_FOR_LEADER_EPOCH: Policy.LEADER,
     DELETE_RECORDS: Policy.LEADER,
+    DESCRIBE_PRODUCERS: Policy.LEADER,
     JOIN_GROUP: Policy.COORDINATOR,
     SYNC_GROUP: Policy.COORDINATOR,
     HEARTBEAT: Policy.COORDINATOR,
@@ -65,16 +89,59 @@ ROUTES: dict[int, Policy] = {
     ADD_PARTITIONS_TO_TXN: Policy.COORDINATOR,
     ADD_OFFSETS_TO_TXN: Policy.COORDINATOR,
     END_TXN: Policy.COORDINATOR,
+    DESCRIBE_GROUPS: Policy.COORDINATOR,
+    DELETE_GROUPS: Policy.COORDINATOR,
+    CONSUMER_GROUP_DESCRIBE: Policy.COORDINATOR,
+    DESCRIBE_TRANSACTIONS: Policy.COORDINATOR,
+    LIST_GROUPS: Policy.EVERY_BROKER,
+    LIST_TRANSACTIONS: Policy.EVERY_BROKER,
+    DESCRIBE_LOG_DIRS: Policy.EVERY_BROKER,
     FIND_COORDINATOR: Policy.ANY,  # answered with kfan itself as the coordinator
     METADATA: Policy.ANY,
     DESCRIBE_CLUSTER: Policy.ANY,
     CREATE_TOPICS: Policy.ANY,
     DELETE_TOPICS: Policy.ANY,
     CREATE_PARTITIONS: Policy.ANY,
+    DESCRIBE_CONFIGS: Policy.ANY,  # a BROKER resource naming kfan goes to one real broker
+    ALTER_CONFIGS: Policy.ANY,
+    INCREMENTAL_ALTER_CONFIGS: Policy.ANY,
+    DESCRIBE_TOPIC_PARTITIONS: Policy.ANY,
+    ELECT_LEADERS: Policy.ANY,
+    ALTER_PARTITION_REASSIGNMENTS: Policy.ANY,
+    LIST_PARTITION_REASSIGNMENTS: Policy.ANY,
+    DESCRIBE_ACLS: Policy.ANY,
+    CREATE_ACLS: Policy.ANY,
+    DELETE_ACLS: Policy.ANY,
+    DESCRIBE_CLIENT_QUOTAS: Policy.ANY,
+    ALTER_CLIENT_QUOTAS: Policy.ANY,
+    DESCRIBE_USER_SCRAM_CREDENTIALS: Policy.ANY,
 }
 
 # Versions kfan itself cannot serve even where kio and the brokers can.
-# AddPartitionsToTxn v4+ is the broker-to-broker batched form; clients use v0-3.
-VERSION_CAPS: dict[int, tuple[int, int]] = {
-    ADD_PARTITIONS_TO_TXN: (0, 3),
+VERSION_CAPS: dict[int, tuple[int, int]] = {}
+
+# Admin APIs that change the set of topics or partitions: the topology is
+# refreshed after them so the next request routes the new partitions.
+TOPOLOGY_CHANGING = {CREATE_TOPICS, DELETE_TOPICS, CREATE_PARTITIONS, ALTER_PARTITION_REASSIGNMENTS, ELECT_LEADERS}
+
+# Admin APIs a ZooKeeper-era broker serves only on the controller; KRaft
+# brokers forward them, so the controller is a preference, not a must.
+CONTROLLER_PREFERRED = {
+    CREATE_TOPICS,
+    DELETE_TOPICS,
+    CREATE_PARTITIONS,
+    ELECT_LEADERS,
+    ALTER_PARTITION_REASSIGNMENTS,
+    LIST_PARTITION_REASSIGNMENTS,
 }
+
+
+def api_name(api_key: int) -> str:
+    """Kafka's own name for an API (from its message schema)."""
+    from kio.index import load_request_schema
+
+    from .schema import known_versions
+
+    versions = known_versions(api_key)
+    assert versions is not None
+    return load_request_schema(api_key, versions.start).__name__.removesuffix("Request")
