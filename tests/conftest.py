@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from backends.mock import MockCluster
+from backends.tansu import Tansu
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -95,6 +96,25 @@ def kfan(cluster: MockCluster) -> Iterator[Kfan]:
     code = k.stop()
     assert alive, "kfan died during the session:\n" + "".join(k.log[-50:])
     assert code == 0, f"kfan did not stop cleanly (exit {code}):\n" + "".join(k.log[-50:])
+
+
+@pytest.fixture(scope="session")
+def tansu() -> Iterator[Tansu]:
+    """One Tansu broker (node 111, in memory) for the whole session."""
+    with Tansu() as broker:
+        yield broker
+        assert broker.alive(), "tansu died during the session"
+
+
+@pytest.fixture(scope="session")
+def kfan_tansu(tansu: Tansu) -> Iterator[Kfan]:
+    """kfan in front of the single Tansu broker."""
+    k = start_kfan(tansu.bootstrap, "--metadata-refresh", "2")
+    yield k
+    alive = k.alive()
+    code = k.stop()
+    assert alive, "kfan (tansu) died during the session:\n" + "".join(k.log[-50:])
+    assert code == 0, f"kfan (tansu) did not stop cleanly (exit {code}):\n" + "".join(k.log[-50:])
 
 
 _topics = iter(range(1, 1_000_000))
