@@ -623,12 +623,12 @@ def _plan_any(ctx: Context, hdr: RequestHeader, payload: memoryview, request: St
         spec = response_spec(api_key, hdr.api_version)
         if api_key == routing.METADATA:
             decoded = decode_answer(hdr, answer)
-            return Outcome(encode_body(spec, rewrite_metadata(identity, decoded)), metadata=decoded)
+            return Outcome(encode_body(spec, rewrite_metadata(identity, decoded, _broker_blank(spec))), metadata=decoded)
         if api_key == routing.FIND_COORDINATOR:
             body, learned = rewrite_find_coordinator(identity, request, decode_answer(hdr, answer))
             return Outcome(encode_body(spec, body), coordinators=learned)
         if api_key == routing.DESCRIBE_CLUSTER:
-            return Outcome(encode_body(spec, rewrite_describe_cluster(identity, decode_answer(hdr, answer))))
+            return Outcome(encode_body(spec, rewrite_describe_cluster(identity, decode_answer(hdr, answer), _broker_blank(spec))))
         if api_key == routing.DESCRIBE_TOPIC_PARTITIONS:
             return Outcome(encode_body(spec, rewrite_describe_topic_partitions(identity, decode_answer(hdr, answer))))
         if api_key == routing.LIST_PARTITION_REASSIGNMENTS:
@@ -644,8 +644,18 @@ def _plan_any(ctx: Context, hdr: RequestHeader, payload: memoryview, request: St
 # --- identity rewriting -------------------------------------------------------------
 
 
-def _broker_entry(identity: Identity, id_field: str = "node_id") -> Struct:
-    return {id_field: identity.node_id, "host": identity.host, "port": identity.port, "rack": None}
+def _broker_blank(spec: schema.StructSpec) -> Struct:
+    broker = spec.field("brokers").struct
+    assert broker is not None
+    return broker.blank()
+
+
+def _broker_entry(identity: Identity, base: Struct | None, id_field: str = "node_id") -> Struct:
+    """kfan as a broker entry; ``base`` supplies the version's other fields (DescribeCluster v2 is_fenced)."""
+    entry = {**(base or {}), id_field: identity.node_id, "host": identity.host, "port": identity.port, "rack": None}
+    if "is_fenced" in entry:
+        entry["is_fenced"] = False
+    return entry
 
 
 # Partition fields listing broker ids (Metadata, DescribeTopicPartitions, reassignments).
@@ -676,10 +686,10 @@ def _topics_as_kfan(node: int, topics: list[Struct]) -> list[Struct]:
     return [{**t, "partitions": [_partition_as_kfan(node, p) for p in t["partitions"]]} for t in topics]
 
 
-def rewrite_metadata(identity: Identity, response: Struct) -> Struct:
+def rewrite_metadata(identity: Identity, response: Struct, broker_base: Struct | None = None) -> Struct:
     """kfan as the only broker: every leader, replica and controller is kfan."""
     out = dict(response)
-    out["brokers"] = [_broker_entry(identity)]
+    out["brokers"] = [_broker_entry(identity, broker_base)]
     if "controller_id" in out:
         out["controller_id"] = identity.node_id
     out["topics"] = _topics_as_kfan(identity.node_id, response["topics"])
@@ -722,9 +732,9 @@ def rewrite_find_coordinator(identity: Identity, request: Struct, response: Stru
     return fix(response, request["key"]), learned
 
 
-def rewrite_describe_cluster(identity: Identity, response: Struct) -> Struct:
+def rewrite_describe_cluster(identity: Identity, response: Struct, broker_base: Struct | None = None) -> Struct:
     out = dict(response)
-    out["brokers"] = [_broker_entry(identity, "broker_id")]
+    out["brokers"] = [_broker_entry(identity, broker_base, "broker_id")]
     out["controller_id"] = identity.node_id
     return out
 

@@ -256,8 +256,10 @@ def _zero(tp: Any, kafka_type: str | None, nullable: bool, sub: StructSpec | Non
         return uuid.UUID(int=0)
     if kafka_type == "float64":
         return 0.0
-    if kafka_type in ("timedelta_i32", "timedelta_i64"):
-        return 0  # durations (throttle_time_ms and friends): none
+    if kafka_type in ("timedelta_i32", "timedelta_i64", "datetime_i64"):
+        # Durations and timestamps: 0, as Kafka's generated messages default
+        # fields the schema gives no default (throttle 0, no start time).
+        return 0
     return -1  # offsets, ids, epochs, timestamps: Kafka's "unknown"
 
 

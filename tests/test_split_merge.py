@@ -29,14 +29,35 @@ from tests.kio_oracle import kio_decode, kio_encode, request_payload
 
 IDENTITY = Identity(node_id=42, host="kfan.example", port=19092)
 BROKERS = {i: Broker(i, f"broker{i}.internal", 9000 + i) for i in (1, 2, 3)}
-PARTITIONED = [routing.PRODUCE, routing.FETCH, routing.LIST_OFFSETS, routing.OFFSET_FOR_LEADER_EPOCH, routing.DELETE_RECORDS]
+PARTITIONED = [
+    routing.PRODUCE,
+    routing.FETCH,
+    routing.LIST_OFFSETS,
+    routing.OFFSET_FOR_LEADER_EPOCH,
+    routing.DELETE_RECORDS,
+    routing.DESCRIBE_PRODUCERS,
+]
 ALL_VERSIONS = {k: (r.start, r.stop - 1) for k in routing.ROUTES if (r := schema.known_versions(k))}
 # Per API, the response partition field that carries the leader's own answer.
-MARKER = {0: "base_offset", 1: "high_watermark", 2: "offset", 23: "end_offset", 21: "low_watermark"}
+MARKER = {0: "base_offset", 1: "high_watermark", 2: "offset", 23: "end_offset", 21: "low_watermark", 61: "active_producers"}
 
 
 def _marker(broker: int, partition: int) -> int:
     return broker * 1_000_000 + partition
+
+
+def _set_marker(api_key: int, version: int, entry: dict[str, Any], value: int) -> None:
+    if api_key == routing.DESCRIBE_PRODUCERS:
+        producer = schema.response_spec(api_key, version).field("topics").struct.field("partitions").struct.field("active_producers").struct  # type: ignore[union-attr]
+        entry["active_producers"] = [{**producer.blank(), "producer_id": value}]  # type: ignore[union-attr]
+    else:
+        entry[MARKER[api_key]] = value
+
+
+def _get_marker(api_key: int, entry: dict[str, Any]) -> int:
+    if api_key == routing.DESCRIBE_PRODUCERS:
+        return entry["active_producers"][0]["producer_id"]
+    return entry[MARKER[api_key]]
 
 
 def _topology(request: dict[str, Any], layout: Any, data: st.DataObject) -> Topology:
@@ -71,7 +92,7 @@ def _answer(api_key: int, version: int, sub_request: dict[str, Any], broker: int
             entry = resp_layout.partition_spec.blank()  # type: ignore[union-attr]
             entry[resp_layout.index or "partition_index"] = req_layout.partition_index(p)
             entry["error_code"] = 0
-            entry[MARKER[api_key]] = _marker(broker, req_layout.partition_index(p))
+            _set_marker(api_key, version, entry, _marker(broker, req_layout.partition_index(p)))
             if resp_layout.partition_spec.has("current_leader"):  # type: ignore[union-attr]
                 entry["current_leader"] = {"leader_id": broker, "leader_epoch": 5}
             if "preferred_read_replica" in entry:
@@ -154,7 +175,7 @@ def test_split_then_merge_keeps_every_partition_once_in_client_order(api_key: in
             assert entry["error_code"] == errors.NETWORK_EXCEPTION
         else:
             assert entry["error_code"] == 0
-            assert entry[MARKER[api_key]] == _marker(b, partition)
+            assert _get_marker(api_key, entry) == _marker(b, partition)
         # Invariant 5: no broker identity reaches the client.
         if "current_leader" in entry:
             assert entry["current_leader"]["leader_id"] in (-1, IDENTITY.node_id)
