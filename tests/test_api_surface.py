@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, given, reject, settings
 from hypothesis import strategies as st
 from kio.index import load_request_schema, load_response_schema
 
@@ -54,6 +54,10 @@ def test_every_known_version_plans_forwards_and_merges(api_key: int, data: st.Da
     entity = data.draw(st.from_type(load_request_schema(api_key, version)), label="request")
     if api_key == routing.PRODUCE and entity.acks == 0:
         return  # no answer to merge; covered in test_split_merge
+    try:
+        kio_decode(type(entity), kio_encode(entity))
+    except ValueError:
+        reject()  # kio's strategies can draw values its own decoder refuses (e.g. timedelta overflow)
     request = schema.decode_body(schema.request_spec(api_key, version), kio_encode(entity))
     topology = _leaders_for(api_key, version, request, data)
     plan = plan_request(Context(IDENTITY, topology, ALL_VERSIONS), request_payload(entity))
@@ -65,6 +69,10 @@ def test_every_known_version_plans_forwards_and_merges(api_key: int, data: st.Da
         assert (hdr.api_key, hdr.api_version, hdr.correlation_id) == (api_key, version, 9)
         kio_decode(load_request_schema(api_key, version), wire[4:], hdr.body_offset)
         resp = data.draw(st.from_type(load_response_schema(api_key, version)), label=f"answer from {target}")
+        try:
+            kio_decode(type(resp), kio_encode(resp))
+        except ValueError:
+            reject()
         answers[target] = response_header(api_key, version, 9) + kio_encode(resp)
     body = plan.reply if plan.merge is None else plan.merge(answers).body
     assert body is not None
