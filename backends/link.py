@@ -32,16 +32,19 @@ class LinkError(Exception):
 class Pending:
     """A request's answer to come: the response payload, or a :class:`LinkError`."""
 
-    __slots__ = ("_done", "_value", "sent")
+    __slots__ = ("_done", "_value", "sent", "done_at", "created_at")
 
     def __init__(self) -> None:
         self._done = trio.Event()
         self.sent = trio.Event()
         self._value: bytes | LinkError | None = None
+        self.done_at: float | None = None  # trio clock time the answer came
+        self.created_at = trio.current_time()
 
     def set(self, value: bytes | LinkError) -> None:
         if not self._done.is_set():
             self._value = value
+            self.done_at = trio.current_time()
             self._done.set()
             self.sent.set()
 

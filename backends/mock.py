@@ -244,17 +244,20 @@ class MockCluster:
         # Without argtypes ctypes would pass Python ints as C int and the fixed
         # int16/size_t parameters would rely on luck; type each one. The C side
         # reads each pair with va_arg(rd_kafka_resp_err_t) and va_arg(int).
-        pairs: list[ctypes.c_int] = []
-        for err, rtt in errors_and_rtts:
-            pairs += [ctypes.c_int(err), ctypes.c_int(rtt)]
-        rc = self._lib.rd_kafka_mock_broker_push_request_error_rtts(
-            ctypes.c_void_p(self._cluster()),
-            ctypes.c_int32(broker),
-            ctypes.c_int16(api_key),
-            ctypes.c_size_t(len(errors_and_rtts)),
-            *pairs,
-        )
-        self._check(rc, f"push_broker_request_errors({broker}, {api_key})")
+        # ctypes passes at most 1024 arguments: push long lists in chunks (they queue up in order).
+        for start in range(0, len(errors_and_rtts), 500):
+            chunk = errors_and_rtts[start : start + 500]
+            pairs: list[ctypes.c_int] = []
+            for err, rtt in chunk:
+                pairs += [ctypes.c_int(err), ctypes.c_int(rtt)]
+            rc = self._lib.rd_kafka_mock_broker_push_request_error_rtts(
+                ctypes.c_void_p(self._cluster()),
+                ctypes.c_int32(broker),
+                ctypes.c_int16(api_key),
+                ctypes.c_size_t(len(chunk)),
+                *pairs,
+            )
+            self._check(rc, f"push_broker_request_errors({broker}, {api_key})")
 
     # -- coordinators and versions -------------------------------------------
 

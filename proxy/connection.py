@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import itertools
 import logging
-from collections.abc import Mapping
+import math
+from collections.abc import Hashable, Mapping
 from dataclasses import dataclass
 
 import trio
@@ -26,7 +27,20 @@ from backends.cluster import Cluster, CoordinatorError
 from backends.link import Link, LinkError, Pending
 
 from . import errors, routing
-from .core import ANY, Answer, BrokerUnavailable, Context, Coordinator, Identity, Plan, Target, Unsupported, plan_request
+from .core import (
+    ANY,
+    NO_ANSWER_YET,
+    Answer,
+    BrokerUnavailable,
+    Context,
+    Coordinator,
+    Identity,
+    Plan,
+    Target,
+    Unsupported,
+    fetch_satisfied,
+    plan_request,
+)
 from .frames import FrameReader, frame
 from .headers import peek_request, response_header
 from .wire import Malformed, Parts
@@ -41,6 +55,14 @@ class Limits:
     max_inflight: int = 256
     max_buffered_bytes: int = 64 * 1024 * 1024
     request_timeout: float = 30.0  # beyond the time the request itself allows the broker
+
+
+# How long an answered, unused sub-fetch may stand in for a new one: the
+# client's next Fetch normally follows at once; older data is fetched afresh.
+FETCH_AHEAD_TTL = 1.0
+# A broker's Fetch answer may lag its max_wait by the network; past this, kfan
+# answers the client without it.
+FETCH_GRACE = 0.02
 
 
 class _Close(Exception):
@@ -89,6 +111,8 @@ class ClientConnection:
         self._links: dict[tuple[int, str], Link] = {}
         self._home: int | None = None
         self._budget = _Budget(limits.max_buffered_bytes)
+        # Per broker, the sub-fetch in flight (or just answered) that no client answer used yet.
+        self._fetch_ahead: dict[int, tuple[Hashable, Pending, float]] = {}
 
     async def run(self) -> None:
         try:
@@ -140,8 +164,9 @@ class ClientConnection:
             if plan.reply is not None:
                 self._answer(slot, plan, plan.reply if plan.expect_response else None)
                 continue
+            submitted_at = trio.current_time()
             pendings = await self._submit(plan)
-            self._nursery.start_soon(self._complete, plan, pendings, slot)
+            self._nursery.start_soon(self._complete, plan, pendings, slot, submitted_at)
 
     def _context(self) -> Context:
         return Context(self.identity, self.cluster.topology, self.cluster.api_versions)
@@ -163,12 +188,44 @@ class ClientConnection:
             else:
                 assert isinstance(target, int)
                 broker = target
+            if (
+                plan.fetch_min_bytes is not None
+                and (ahead := self._fetch_ahead_for(broker, plan.fetch_keys[target], plan.hold_ms)) is not None
+            ):
+                out[target] = ahead
+                continue
             link = self._link(broker, lane)
             if link is None:
                 out[target] = errors.NOT_LEADER_OR_FOLLOWER
                 continue
-            out[target] = link.submit(sub)
+            out[target] = pending = link.submit(sub)
+            if plan.fetch_min_bytes is not None:
+                self._fetch_ahead[broker] = (plan.fetch_keys[target], pending, trio.current_time())
         return out
+
+    def _fetch_ahead_for(self, broker: int, wanted: Hashable, max_wait_ms: int) -> Pending | None:
+        """The sub-fetch this connection already has in flight to ``broker`` for
+        exactly these partitions and offsets. Reusing it, rather than asking
+        again, is what lets a slow broker's data arrive at all while a fast
+        broker keeps answering first (no starvation)."""
+        entry = self._fetch_ahead.get(broker)
+        if entry is None:
+            return None
+        key, pending, sent_at = entry
+        now = trio.current_time()
+        if pending.done_at is None and now - sent_at > self.limits.request_timeout + max_wait_ms / 1000:
+            # Far past any max_wait: the broker is hung. Closing the link fails
+            # this sub-fetch (a retriable error for its partitions) and the next
+            # Fetch opens a fresh one.
+            if (link := self._links.get((broker, "fetch"))) is not None:
+                link.close()
+            del self._fetch_ahead[broker]
+            return pending
+        fresh = pending.done_at is None or now - pending.done_at < FETCH_AHEAD_TTL
+        if fresh and key == wanted:
+            return pending
+        del self._fetch_ahead[broker]
+        return None
 
     def _home_broker(self) -> int:
         if self._home is None or self._home not in self.cluster.topology.brokers:
@@ -189,7 +246,7 @@ class ClientConnection:
 
     # --- completing ----------------------------------------------------------------
 
-    async def _complete(self, plan: Plan, pendings: Mapping[Target, Pending | int], slot: _Slot) -> None:
+    async def _complete(self, plan: Plan, pendings: Mapping[Target, Pending | int], slot: _Slot, submitted_at: float) -> None:
         if not plan.expect_response:
             with trio.move_on_after(self.limits.request_timeout):
                 for p in pendings.values():
@@ -197,24 +254,7 @@ class ClientConnection:
                         await p.sent.wait()
             self._answer(slot, plan, None)
             return
-        answers: dict[Target, Answer] = {}
-        # A request that lets the broker hold it (JoinGroup up to its rebalance
-        # timeout, Fetch up to max_wait) gets that long on top of ours.
-        with trio.move_on_after(self.limits.request_timeout + plan.hold_ms / 1000):
-            for target, p in pendings.items():
-                if isinstance(p, int):
-                    answers[target] = p
-                    continue
-                try:
-                    answers[target] = await p.wait()
-                except LinkError as e:
-                    log.info("client %s: %s", self.id, e)
-                    answers[target] = errors.NETWORK_EXCEPTION
-                    if target is ANY:
-                        self._home = None
-                    self.cluster.request_refresh()
-        for target in pendings:
-            answers.setdefault(target, errors.REQUEST_TIMED_OUT)
+        answers = await self._gather(plan, pendings, submitted_at)
         assert plan.merge is not None
         try:
             outcome = plan.merge(answers)
@@ -237,6 +277,105 @@ class ClientConnection:
         if outcome.stale_topics or outcome.refresh:
             self.cluster.request_refresh()
         self._answer(slot, plan, outcome.body)
+
+    async def _gather(self, plan: Plan, pendings: Mapping[Target, Pending | int], submitted_at: float) -> dict[Target, Answer]:
+        """The brokers' answers, as they come. A Fetch is answered as soon as a
+        broker would answer it (min_bytes in, or an error): sub-fetches still
+        long-polling an idle broker do not hold back data another returned."""
+        answers: dict[Target, Answer] = {}
+        send, receive = trio.open_memory_channel[tuple[Target, Answer]](math.inf)
+
+        async def wait(target: Target, p: Pending) -> None:
+            try:
+                answer: Answer = await p.wait()
+            except LinkError as e:
+                log.info("client %s: %s", self.id, e)
+                answer = errors.NETWORK_EXCEPTION
+                if target is ANY:
+                    self._home = None
+                self.cluster.request_refresh()
+            send.send_nowait((target, answer))
+
+        fetch = plan.fetch_min_bytes is not None
+        cut_short = timed_out = False
+        now = trio.current_time()
+        # A request that lets the broker hold it (JoinGroup up to its rebalance
+        # timeout) gets that long on top of ours. A Fetch is answered by its
+        # max_wait, as a broker would; sub-fetches sent for it get a short grace
+        # past that, older ones (still out from an earlier Fetch) none. Those
+        # still out count as "no data yet" and stay for the client's next Fetch.
+        soft = now + plan.hold_ms / 1000
+        hard = soft + (FETCH_GRACE if fetch else self.limits.request_timeout)
+        outstanding: set[Target] = set()
+        fresh = {t for t, p in pendings.items() if not isinstance(p, int) and p.created_at >= submitted_at}
+        current = dict(pendings)
+        async with trio.open_nursery() as nursery:
+            for target, p in pendings.items():
+                if isinstance(p, int):
+                    answers[target] = p
+                else:
+                    nursery.start_soon(wait, target, p)
+                    outstanding.add(target)
+            while outstanding:
+                now = trio.current_time()
+                if fetch and answers and fetch_satisfied(plan.header, answers, plan.fetch_min_bytes or 0):
+                    cut_short = True
+                    break
+                if fetch and now >= soft and not outstanding & fresh:
+                    cut_short = True
+                    break
+                wake = soft if fetch and now < soft else hard
+                with trio.move_on_at(wake):
+                    target, answer = await receive.receive()
+                    outstanding.discard(target)
+                    if (
+                        fetch
+                        and target not in fresh
+                        and trio.current_time() < soft
+                        and not fetch_satisfied(plan.header, {target: answer}, 1)
+                    ):
+                        # An earlier Fetch's sub-fetch came back empty inside this
+                        # one's max_wait: ask that broker again, as a broker would
+                        # keep waiting for new data.
+                        again = self._refetch(plan, target)
+                        if again is not None:
+                            current[target] = again
+                            fresh.add(target)
+                            outstanding.add(target)
+                            nursery.start_soon(wait, target, again)
+                            continue
+                    answers[target] = answer
+                    continue
+                if wake == hard:
+                    timed_out = True
+                    break
+            nursery.cancel_scope.cancel()
+        cut_short = cut_short or (fetch and timed_out)
+        for target in pendings:
+            answers.setdefault(target, NO_ANSWER_YET if cut_short else errors.REQUEST_TIMED_OUT)
+        if fetch:
+            self._settle_fetch_ahead(current, answers)
+        return answers
+
+    def _refetch(self, plan: Plan, target: Target) -> Pending | None:
+        assert isinstance(target, int)
+        link = self._link(target, "fetch")
+        if link is None:
+            return None
+        pending = link.submit(plan.subs[target])
+        self._fetch_ahead[target] = (plan.fetch_keys[target], pending, trio.current_time())
+        return pending
+
+    def _settle_fetch_ahead(self, pendings: Mapping[Target, Pending | int], answers: Mapping[Target, Answer]) -> None:
+        """A sub-fetch whose answer went to the client is spent; one still in
+        flight stays, for the client's next Fetch of the same offsets."""
+        for target, p in pendings.items():
+            answer = answers.get(target)
+            if isinstance(answer, int) and answer == NO_ANSWER_YET:
+                continue
+            entry = self._fetch_ahead.get(target)  # type: ignore[arg-type]
+            if entry is not None and entry[1] is p:
+                del self._fetch_ahead[target]  # type: ignore[arg-type]
 
     def _answer(self, slot: _Slot, plan: Plan, body: Parts | None) -> None:
         if body is not None:
