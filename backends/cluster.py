@@ -16,7 +16,7 @@ from typing import Any
 
 import trio
 
-from proxy import errors, routing, schema
+from proxy import errors, metrics, routing, schema
 from proxy.core import Coordinator, SubRequest, advertised_versions
 from proxy.headers import request_header_tail, response_body_offset
 
@@ -40,13 +40,6 @@ class CoordinatorError(Exception):
         self.code = code
 
 
-def parse_address(text: str) -> tuple[str, int]:
-    host, _, port = text.strip().rpartition(":")
-    if not host or not port.isdigit():
-        raise ValueError(f"expected HOST:PORT, got {text!r}")
-    return host.strip("[]"), int(port)
-
-
 class Cluster:
     def __init__(
         self,
@@ -67,6 +60,7 @@ class Cluster:
         self.coordinators: dict[Coordinator, int] = {}
         self.ready = trio.Event()
         self.refreshes = 0
+        self.refreshed_at: float | None = None
         self._wake = trio.Event()
         self._refreshed = trio.Event()
         self._links: dict[Any, Link] = {}
@@ -83,6 +77,20 @@ class Cluster:
             await self._refresh_loop()
 
     async def _bootstrap(self) -> None:
+        # Until a bootstrap broker answers kfan is alive but not ready
+        # (/readyz says 503): keep trying, with backoff, rather than exit.
+        delay = 0.2
+        while True:
+            try:
+                await self._bootstrap_once()
+                return
+            except ClusterUnavailable as e:
+                log.warning("%s; retrying in %.1f s", e, delay)
+                metrics.REFRESHES.labels("failed").inc()
+            await trio.sleep(delay)
+            delay = min(delay * 2, 10.0)
+
+    async def _bootstrap_once(self) -> None:
         tried = []
         for i, (host, port) in enumerate(self.bootstrap):
             key = ("bootstrap", i)
@@ -100,16 +108,19 @@ class Cluster:
         for node_id, broker in self.topology.brokers.items():
             try:
                 self.broker_versions[node_id] = await self._api_versions(node_id, broker.host, broker.port)
-                self.reachable[node_id] = True
+                self._set_reachable(node_id, True)
             except (LinkError, trio.TooSlowError, OSError) as e:
-                self.reachable[node_id] = False
+                self._set_reachable(node_id, False)
                 log.warning("broker %s at %s:%s is unreachable: %s", node_id, broker.host, broker.port, e)
         self.api_versions = advertised_versions(list(self.broker_versions.values()))
+        self.refreshed_at = trio.current_time()
+        metrics.REFRESHES.labels("ok").inc()
         up = sorted(k for k, v in self.reachable.items() if v)
         down = sorted(k for k, v in self.reachable.items() if not v)
         log.info("cluster %s: brokers up %s, down %s; %d topics", self.topology.cluster_id, up, down, len(self.topology.leaders))
 
     async def _refresh_loop(self) -> None:
+        self._nursery.start_soon(self._age_loop)
         while True:
             with trio.move_on_after(self.refresh_interval):
                 await self._wake.wait()
@@ -125,17 +136,38 @@ class Cluster:
             try:
                 metadata = await self._metadata(b.node_id, b.host, b.port, self.broker_versions.get(b.node_id, {}))
             except (LinkError, trio.TooSlowError, OSError) as e:
-                self.reachable[b.node_id] = False
+                self._set_reachable(b.node_id, False)
                 log.info("metadata from broker %s failed: %s", b.node_id, e)
                 continue
-            self.reachable[b.node_id] = True
+            self._set_reachable(b.node_id, True)
             self.topology = Topology(topic_ids=self.topology.topic_ids).with_metadata(metadata)
             self.refreshes += 1
+            self.refreshed_at = trio.current_time()
+            metrics.REFRESHES.labels("ok").inc()
             break
         else:
+            metrics.REFRESHES.labels("failed").inc()
             log.warning("topology refresh failed: no broker answered")
         done, self._refreshed = self._refreshed, trio.Event()
         done.set()
+
+    async def _age_loop(self) -> None:
+        while True:
+            metrics.TOPOLOGY_AGE.set(self.topology_age())
+            await trio.sleep(1)
+
+    def _set_reachable(self, broker: int, up: bool) -> None:
+        if self.reachable.get(broker) != up:
+            log.info("broker %s is %s", broker, "reachable" if up else "unreachable")
+        self.reachable[broker] = up
+        metrics.BROKER_UP.labels(str(broker)).set(1 if up else 0)
+
+    def is_ready(self) -> bool:
+        """Topology known and at least one broker reachable."""
+        return self.ready.is_set() and any(self.reachable.values())
+
+    def topology_age(self) -> float:
+        return trio.current_time() - self.refreshed_at if self.refreshed_at is not None else float("inf")
 
     def request_refresh(self) -> None:
         self._wake.set()

@@ -16,6 +16,7 @@ import struct
 
 import trio
 
+from proxy import metrics
 from proxy.core import SubRequest, request_head
 from proxy.frames import DEFAULT_MAX_FRAME_BYTES, MIN_RESPONSE_FRAME, FrameReader, frame
 from proxy.headers import correlation_id_of
@@ -113,9 +114,14 @@ class Link:
             try:
                 with trio.fail_after(self.connect_timeout):
                     stream = await trio.open_tcp_stream(*self.address)
-                async with stream, trio.open_nursery() as nursery:
-                    nursery.start_soon(self._receive, stream)
-                    await self._write(stream)
+                connected = metrics.BROKER_CONNECTIONS.labels(str(self.broker_id))
+                connected.inc()
+                try:
+                    async with stream, trio.open_nursery() as nursery:
+                        nursery.start_soon(self._receive, stream)
+                        await self._write(stream)
+                finally:
+                    connected.dec()
             except Exception as e:  # any failure of a link is that link's end
                 leaf = _leaf(e)
                 expected = isinstance(leaf, (OSError, trio.TooSlowError, trio.BrokenResourceError, Malformed, LinkError))
@@ -139,18 +145,22 @@ class Link:
             pending.set(reason)
 
     async def _write(self, stream: trio.SocketStream) -> None:
+        sent = metrics.BYTES.labels("broker_out")
         async for data, pending in self._queue:
             await stream.send_all(data)
+            sent.inc(len(data))
             pending.sent.set()
 
     async def _receive(self, stream: trio.SocketStream) -> None:
         reader = FrameReader(self.max_frame_bytes, MIN_RESPONSE_FRAME)
+        received = metrics.BYTES.labels("broker_in")
         while True:
             payload = reader.next_frame()
             if payload is None:
                 data = await stream.receive_some(65536)
                 if not data:
                     raise LinkError(f"broker {self.broker_id} closed the connection")
+                received.inc(len(data))
                 reader.feed(data)
                 continue
             cid = correlation_id_of(payload)

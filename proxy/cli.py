@@ -3,28 +3,23 @@
 from __future__ import annotations
 
 import argparse
+import json
 import logging
+import os
 import signal
 import sys
-from collections.abc import Callable, Sequence
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
 
 import trio
 
-from backends.cluster import parse_address
-
+from . import config
+from .config import parse_addresses
 from .connection import Limits
-from .frames import DEFAULT_MAX_FRAME_BYTES
 from .server import Running, ServerConfig, serve
 
 log = logging.getLogger("kfan")
-
-
-def _addresses(text: str) -> list[tuple[str, int]]:
-    return [parse_address(a) for a in text.split(",") if a.strip()]
-
-
-def _address(text: str) -> tuple[str, int]:
-    return parse_address(text)
 
 
 def _topic(text: str) -> tuple[str, int]:
@@ -34,37 +29,15 @@ def _topic(text: str) -> tuple[str, int]:
     return name, int(partitions)
 
 
-def _add_serve_options(p: argparse.ArgumentParser, listen_default: str) -> None:
-    p.add_argument(
-        "--listen",
-        type=_address,
-        default=_address(listen_default),
-        metavar="HOST:PORT",
-        help=f"where clients connect (default {listen_default})",
-    )
-    p.add_argument(
-        "--advertise",
-        type=_address,
-        default=None,
-        metavar="HOST:PORT",
-        help="the address clients are told to use (default: the listen address)",
-    )
-    p.add_argument("--node-id", type=int, default=0, help="the node id kfan reports as its own (default 0)")
-    p.add_argument("--max-frame-bytes", type=int, default=DEFAULT_MAX_FRAME_BYTES, help="largest request accepted (default 100 MiB)")
-    p.add_argument("--metadata-refresh", type=float, default=30.0, metavar="SECONDS", help="topology refresh interval (default 30)")
-    p.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING, ERROR (default INFO)")
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="kfan", description="A stateless Kafka protocol proxy: one endpoint in front of a multi-broker cluster."
     )
     sub = parser.add_subparsers(dest="command", required=True)
     s = sub.add_parser("serve", help="run the proxy in front of a Kafka cluster")
-    s.add_argument("--bootstrap", type=_addresses, required=True, metavar="HOST:PORT[,HOST:PORT...]", help="brokers to bootstrap from")
-    _add_serve_options(s, "127.0.0.1:9092")
+    config.add_options(s)
     d = sub.add_parser("demo", help="run an embedded 3-broker cluster with kfan in front of it")
-    _add_serve_options(d, "127.0.0.1:9092")
+    config.add_options(d, skip=("bootstrap", "workers"))
     c = sub.add_parser("cluster", help="run the embedded cluster alone, to point `kfan serve` at")
     c.add_argument("--brokers", type=int, default=3)
     c.add_argument(
@@ -79,50 +52,64 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _config(args: argparse.Namespace, bootstrap: list[tuple[str, int]]) -> ServerConfig:
+def _config(options: dict[str, Any], bootstrap: list[tuple[str, int]], reuse_port: bool = False) -> ServerConfig:
     return ServerConfig(
         bootstrap=bootstrap,
-        listen=args.listen,
-        advertise=args.advertise,
-        node_id=args.node_id,
-        metadata_refresh_s=args.metadata_refresh,
-        limits=Limits(max_frame_bytes=args.max_frame_bytes),
+        listen=options["listen"],
+        advertise=options["advertise"],
+        node_id=options["node_id"],
+        metadata_refresh_s=options["metadata_refresh"],
+        limits=Limits(
+            max_frame_bytes=options["max_frame_bytes"], max_inflight=options["max_inflight"], request_timeout=options["request_timeout"]
+        ),
+        metrics_listen=options["metrics_listen"],
+        reuse_port=reuse_port,
+        shutdown_timeout_s=options["shutdown_timeout"],
     )
 
 
-async def _until_signal(body: Callable[[trio.Nursery], object]) -> None:
-    """Run until SIGINT or SIGTERM, then cancel everything cleanly."""
+async def _until_signal(body: Callable[[trio.Nursery], Awaitable[Running | None]], shutdown_timeout: float = 0.0) -> None:
+    """Run until SIGINT or SIGTERM; then drain the server (if any) and cancel everything."""
     async with trio.open_nursery() as nursery:
         with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
-            await body(nursery)  # type: ignore[misc]
+            running = await body(nursery)
             async for signum in signals:
                 log.info("received %s, stopping", signal.Signals(signum).name)
+                if running is not None:
+                    await running.shutdown(shutdown_timeout)
                 nursery.cancel_scope.cancel()
                 break
 
 
-def _serve(args: argparse.Namespace) -> int:
-    config = _config(args, args.bootstrap)
+def _serve(options: dict[str, Any]) -> int:
+    if not options["bootstrap"]:
+        raise SystemExit("kfan serve: --bootstrap (or KFAN_BOOTSTRAP, or bootstrap in the config file) is required")
+    if options["workers"] > 1:
+        from .workers import run_workers
 
-    async def body(nursery: trio.Nursery) -> None:
+        return run_workers(options)
+    config = _config(options, options["bootstrap"], reuse_port=os.environ.get("KFAN_WORKER") is not None)
+
+    async def body(nursery: trio.Nursery) -> Running:
         running: Running = await nursery.start(serve, config)
         print(
             f"kfan: serving on {running.identity.host}:{running.identity.port}, {len(running.cluster.topology.brokers)} brokers behind it",
             flush=True,
         )
+        return running
 
-    trio.run(_until_signal, body)
+    trio.run(_until_signal, body, config.shutdown_timeout_s)
     return 0
 
 
-def _demo(args: argparse.Namespace) -> int:
+def _demo(options: dict[str, Any]) -> int:
     from backends.mock import MockCluster
 
     with MockCluster(3) as mock:
         mock.create_topic("demo", 6)
-        config = _config(args, _addresses(mock.bootstrap))
+        config = _config(options, parse_addresses(mock.bootstrap))
 
-        async def body(nursery: trio.Nursery) -> None:
+        async def body(nursery: trio.Nursery) -> Running:
             running: Running = await nursery.start(serve, config)
             addr = f"{running.identity.host}:{running.identity.port}"
             leaders = running.cluster.topology.leaders.get("demo", {})
@@ -164,8 +151,9 @@ Ctrl-C stops it.
 """,
                 flush=True,
             )
+            return running
 
-        trio.run(_until_signal, body)
+        trio.run(_until_signal, body, config.shutdown_timeout_s)
     return 0
 
 
@@ -187,14 +175,45 @@ def _cluster(args: argparse.Namespace) -> int:
     return 0
 
 
+class _JsonFormatter(logging.Formatter):
+    """One JSON object per line: time, level, logger, message (and the exception, if any)."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        event = {
+            "ts": self.formatTime(record, "%Y-%m-%dT%H:%M:%S") + f".{int(record.msecs):03d}Z",
+            "level": record.levelname,
+            "logger": record.name,
+            "message": record.getMessage(),
+        }
+        if record.exc_info:
+            event["exception"] = self.formatException(record.exc_info)
+        return json.dumps(event)
+
+
+def setup_logging(level: str, as_json: bool) -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    if as_json:
+        formatter: logging.Formatter = _JsonFormatter()
+        formatter.converter = time.gmtime
+    else:
+        formatter = logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
+    handler.setFormatter(formatter)
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(getattr(logging, str(level).upper(), logging.INFO))
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    logging.basicConfig(
-        level=getattr(logging, str(args.log_level).upper(), logging.INFO),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
-    return {"serve": _serve, "demo": _demo, "cluster": _cluster}[args.command](args)
+    if args.command == "cluster":
+        setup_logging(args.log_level, False)
+        return _cluster(args)
+    try:
+        options = config.resolve(vars(args))
+    except (OSError, ValueError) as e:
+        raise SystemExit(f"kfan {args.command}: {e}") from None
+    setup_logging(options["log_level"], options["log_json"])
+    return {"serve": _serve, "demo": _demo}[args.command](options)
 
 
 if __name__ == "__main__":

@@ -26,7 +26,7 @@ import trio
 from backends.cluster import Cluster, CoordinatorError
 from backends.link import Link, LinkError, Pending
 
-from . import errors, routing
+from . import errors, metrics, routing
 from .core import (
     ANY,
     NO_ANSWER_YET,
@@ -72,13 +72,15 @@ class _Close(Exception):
 class _Slot:
     """A place in the response order."""
 
-    __slots__ = ("done", "parts", "close", "size")
+    __slots__ = ("done", "parts", "close", "size", "started", "api_key")
 
     def __init__(self, size: int) -> None:
         self.done = trio.Event()
         self.parts: Parts | None = None
         self.close = False
         self.size = size
+        self.started = trio.current_time()
+        self.api_key = -1
 
 
 class _Budget:
@@ -111,6 +113,9 @@ class ClientConnection:
         self._links: dict[tuple[int, str], Link] = {}
         self._home: int | None = None
         self._budget = _Budget(limits.max_buffered_bytes)
+        self._inflight = 0
+        self._draining = False
+        self._receiving: trio.CancelScope | None = None
         # Per broker, the sub-fetch in flight (or just answered) that no client answer used yet.
         self._fetch_ahead: dict[int, tuple[Hashable, Pending, float]] = {}
 
@@ -127,6 +132,7 @@ class ClientConnection:
         except* (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as eg:
             log.debug("client %s: connection lost: %r", self.id, eg.exceptions[0])
         finally:
+            metrics.INFLIGHT.dec(self._inflight)  # requests the connection's end abandoned
             with trio.CancelScope(shield=True):
                 await trio.aclose_forcefully(self.stream)
 
@@ -141,7 +147,13 @@ class ClientConnection:
                 log.warning("client %s: malformed frame, closing: %s", self.id, e)
                 raise _Close from e
             if payload is None:
-                data = await self.stream.receive_some(65536)
+                if self._draining:
+                    return  # every complete request read is answered; no new ones
+                with trio.CancelScope() as self._receiving:
+                    data = await self.stream.receive_some(65536)
+                self._receiving = None
+                if self._draining:
+                    return
                 if not data:
                     if reader.pending_partial():
                         log.warning("client %s: connection ended inside a frame", self.id)
@@ -150,6 +162,7 @@ class ClientConnection:
                 continue
             await self._budget.acquire(len(payload))
             slot = _Slot(len(payload))
+            metrics.BYTES.labels("client_in").inc(len(payload) + 4)
             try:
                 plan = plan_request(self._context(), payload)
                 if plan.unknown_topics:
@@ -160,6 +173,12 @@ class ClientConnection:
                 key, version, cid = peek_request(payload)
                 log.warning("client %s: closing on request api_key=%s v%s correlation_id=%s: %s", self.id, key, version, cid, e)
                 raise _Close from e
+            h = plan.header
+            slot.api_key = h.api_key
+            metrics.CLIENT_REQUESTS.labels(str(h.api_key), str(h.api_version)).inc()
+            metrics.FANOUT.labels(str(h.api_key)).observe(len(plan.subs))
+            metrics.INFLIGHT.inc()
+            self._inflight += 1
             await send.send(slot)
             if plan.reply is not None:
                 self._answer(slot, plan, plan.reply if plan.expect_response else None)
@@ -167,6 +186,12 @@ class ClientConnection:
             submitted_at = trio.current_time()
             pendings = await self._submit(plan)
             self._nursery.start_soon(self._complete, plan, pendings, slot, submitted_at)
+
+    def drain(self) -> None:
+        """Stop reading requests; answer those already read, then close (graceful shutdown)."""
+        self._draining = True
+        if self._receiving is not None:
+            self._receiving.cancel()
 
     def _context(self) -> Context:
         return Context(self.identity, self.cluster.topology, self.cluster.api_versions)
@@ -268,6 +293,8 @@ class ClientConnection:
             slot.close = True
             slot.done.set()
             return
+        for (code, broker), n in outcome.errors.items():
+            metrics.ERRORS.labels(str(code), str(broker)).inc(n)
         if outcome.metadata is not None:
             self.cluster.fold_metadata(outcome.metadata)
         if outcome.coordinators:
@@ -288,6 +315,8 @@ class ClientConnection:
         async def wait(target: Target, p: Pending) -> None:
             try:
                 answer: Answer = await p.wait()
+                if p.done_at is not None and p.created_at >= submitted_at:
+                    metrics.BROKER_LATENCY.labels(_broker_label(target), str(plan.header.api_key)).observe(p.done_at - p.created_at)
             except LinkError as e:
                 log.info("client %s: %s", self.id, e)
                 answer = errors.NETWORK_EXCEPTION
@@ -388,17 +417,37 @@ class ClientConnection:
     async def _write(self, receive: trio.MemoryReceiveChannel[_Slot], scope: trio.CancelScope) -> None:
         async for slot in receive:
             await slot.done.wait()
+            metrics.INFLIGHT.dec()
+            self._inflight -= 1
             if slot.close:
                 raise _Close
             if slot.parts is not None:
-                await self.stream.send_all(frame(slot.parts))
+                data = frame(slot.parts)
+                await self.stream.send_all(data)
+                metrics.BYTES.labels("client_out").inc(len(data))
+            if slot.api_key >= 0:
+                metrics.CLIENT_LATENCY.labels(str(slot.api_key)).observe(trio.current_time() - slot.started)
             await self._budget.release(slot.size)
         # The client closed its side and every response is written.
         scope.cancel()
 
 
-async def serve_client(stream: trio.SocketStream, cluster: Cluster, identity: Identity, limits: Limits) -> None:
+def _broker_label(target: Target) -> str:
+    return str(target) if isinstance(target, int) else "-1"
+
+
+async def serve_client(
+    stream: trio.SocketStream, cluster: Cluster, identity: Identity, limits: Limits, registry: set[ClientConnection] | None = None
+) -> None:
     conn = ClientConnection(stream, cluster, identity, limits)
     log.debug("client %s connected", conn.id)
-    await conn.run()
+    metrics.CLIENT_CONNECTIONS.inc()
+    if registry is not None:
+        registry.add(conn)
+    try:
+        await conn.run()
+    finally:
+        metrics.CLIENT_CONNECTIONS.dec()
+        if registry is not None:
+            registry.discard(conn)
     log.debug("client %s gone", conn.id)

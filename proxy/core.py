@@ -78,6 +78,7 @@ class Outcome:
     coordinators: dict[Coordinator, int] = field(default_factory=dict)
     moved: set[Coordinator] = field(default_factory=set)
     refresh: bool = False  # the request changed topics or leaders: refresh the topology
+    errors: dict[tuple[int, int], int] = field(default_factory=dict)  # (error code, broker) -> partitions answering it
 
 
 Merge = Callable[[Mapping[Target, Answer]], Outcome]
@@ -292,6 +293,15 @@ def _plan_partitioned(ctx: Context, hdr: RequestHeader, payload: memoryview, req
         if "throttle_time" in body:
             body["throttle_time"] = max((d.get("throttle_time", 0) for d in decoded.values()), default=0)
         outcome = Outcome([])
+        for target, d in decoded.items():
+            for _, p in resp_layout.entries(d):
+                if isinstance(p, dict) and (code := p.get("error_code", 0)):
+                    outcome.errors[(code, target)] = outcome.errors.get((code, target), 0) + 1  # type: ignore[index]
+        for target, code in failed.items():
+            if code != NO_ANSWER_YET:
+                outcome.errors[(code, target)] = outcome.errors.get((code, target), 0) + 1  # type: ignore[index]
+        for code in unroutable_codes.values():
+            outcome.errors[(code, -1)] = outcome.errors.get((code, -1), 0) + 1
         outcome.stale_topics.update(tp[0] for tp in unroutable)
         for target, code in failed.items():
             if code != NO_ANSWER_YET:

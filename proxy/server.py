@@ -1,8 +1,15 @@
-"""The kfan server: the control plane plus a listener serving client connections."""
+"""The kfan server: the control plane, the client listener, metrics, and a graceful stop.
+
+Startup order matters to operators: the metrics listener comes first (so
+/healthz answers and /readyz says 503 while no broker has answered), then the
+cluster bootstrap, then the client listener. Stopping is the reverse: stop
+accepting, let every connection answer the requests it has read, close.
+"""
 
 from __future__ import annotations
 
 import logging
+import socket
 from dataclasses import dataclass, field
 from functools import partial
 
@@ -10,7 +17,8 @@ import trio
 
 from backends.cluster import Cluster
 
-from .connection import Limits, serve_client
+from . import metrics
+from .connection import ClientConnection, Limits, serve_client
 from .core import Identity
 
 log = logging.getLogger("kfan.server")
@@ -24,6 +32,9 @@ class ServerConfig:
     node_id: int = 0
     metadata_refresh_s: float = 30.0
     limits: Limits = field(default_factory=Limits)
+    metrics_listen: tuple[str, int] | None = None
+    reuse_port: bool = False  # several worker processes share the listen port
+    shutdown_timeout_s: float = 25.0
 
 
 @dataclass
@@ -33,6 +44,37 @@ class Running:
     port: int
     identity: Identity
     cluster: Cluster
+    metrics_port: int | None = None
+    _accepting: trio.CancelScope | None = None
+    _connections: set[ClientConnection] = field(default_factory=set)
+    _drained: trio.Event = field(default_factory=trio.Event)
+
+    async def shutdown(self, timeout: float) -> None:
+        """Stop accepting; let connections answer what they have read, up to ``timeout`` seconds."""
+        if self._accepting is not None:
+            self._accepting.cancel()
+        log.info("stopping: %d client connections to drain (up to %.0f s)", len(self._connections), timeout)
+        for conn in list(self._connections):
+            conn.drain()
+        with trio.move_on_after(timeout):
+            while self._connections:
+                await trio.sleep(0.05)
+        if self._connections:
+            log.warning("stopping: %d connections still busy after %.0f s, closing them", len(self._connections), timeout)
+        else:
+            log.info("stopping: every connection drained")
+
+
+async def _listen(host: str, port: int, reuse_port: bool) -> trio.SocketListener:
+    """A listening socket; with ``reuse_port`` several processes share the port and the kernel spreads connections."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = trio.socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    if reuse_port:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    await sock.bind((host, port))
+    sock.listen(1024)
+    return trio.SocketListener(sock)
 
 
 async def serve(config: ServerConfig, task_status: trio.TaskStatus[Running] = trio.TASK_STATUS_IGNORED) -> None:
@@ -42,14 +84,24 @@ async def serve(config: ServerConfig, task_status: trio.TaskStatus[Running] = tr
         max_frame_bytes=config.limits.max_frame_bytes,
     )
     async with trio.open_nursery() as nursery:
+        metrics_port = None
+        if config.metrics_listen is not None:
+            metrics_port = await nursery.start(metrics.serve_http, *config.metrics_listen, cluster.is_ready)
         await nursery.start(cluster.run)
         host, port = config.listen
-        listeners = await trio.open_tcp_listeners(port, host=host)
-        bound = listeners[0].socket.getsockname()[1]
+        listener = await _listen(host, port, config.reuse_port)
+        bound = listener.socket.getsockname()[1]
         adv_host, adv_port = config.advertise or (host, bound)
         if adv_port == 0:
             adv_port = bound
         identity = Identity(config.node_id, adv_host, adv_port)
         log.info("kfan listening on %s:%s, advertised as %s:%s (node %s)", host, bound, adv_host, adv_port, config.node_id)
-        task_status.started(Running(bound, identity, cluster))
-        await trio.serve_listeners(partial(serve_client, cluster=cluster, identity=identity, limits=config.limits), listeners)
+        running = Running(bound, identity, cluster, metrics_port)
+        handler = partial(serve_client, cluster=cluster, identity=identity, limits=config.limits, registry=running._connections)
+        task_status.started(running)
+        async with trio.open_nursery() as clients:
+            with trio.CancelScope() as running._accepting:
+                await trio.serve_listeners(handler, [listener], handler_nursery=clients)
+            await trio.aclose_forcefully(listener)
+            # Accepting stopped (shutdown): the connections finish in this nursery.
+        nursery.cancel_scope.cancel()

@@ -1,0 +1,115 @@
+"""kfan's options: one table, read from flags, environment and a config file.
+
+Precedence is flag > environment (``KFAN_<NAME>``) > file (``--config``, TOML,
+keys as the flag names without dashes, e.g. ``metrics-listen`` or
+``metrics_listen``) > default. The README's configuration table is this
+table; a test keeps the two in step.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import tomllib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+
+def parse_address(text: str) -> tuple[str, int]:
+    host, sep, port = str(text).strip().rpartition(":")
+    if not sep or not port.isdigit():
+        raise ValueError(f"expected HOST:PORT, got {text!r}")
+    return host.strip("[]") or "0.0.0.0", int(port)
+
+
+def parse_addresses(text: str) -> list[tuple[str, int]]:
+    return [parse_address(a) for a in str(text).split(",") if a.strip()]
+
+
+def _bool(text: Any) -> bool:
+    if isinstance(text, bool):
+        return text
+    value = str(text).strip().lower()
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("0", "false", "no", "off", ""):
+        return False
+    raise ValueError(f"expected true or false, got {text!r}")
+
+
+@dataclass(frozen=True)
+class Option:
+    name: str  # the flag without dashes
+    parse: Callable[[Any], Any]
+    default: Any
+    help: str
+    metavar: str | None = None
+
+    @property
+    def env(self) -> str:
+        return "KFAN_" + self.name.upper().replace("-", "_")
+
+    @property
+    def dest(self) -> str:
+        return self.name.replace("-", "_")
+
+
+# Options of `kfan serve` (and `kfan demo`, which fills in bootstrap itself).
+OPTIONS: tuple[Option, ...] = (
+    Option("bootstrap", parse_addresses, None, "brokers to bootstrap from; kfan starts when any one answers", "HOST:PORT[,...]"),
+    Option("listen", parse_address, ("127.0.0.1", 9092), "where clients connect; port 0 picks a free port", "HOST:PORT"),
+    Option("advertise", parse_address, None, "the address clients are told to use (default: the listen address)", "HOST:PORT"),
+    Option("node-id", int, 0, "the node id kfan reports as its own", "N"),
+    Option("metrics-listen", parse_address, None, "HTTP listener for /metrics, /healthz, /readyz (default: none)", "HOST:PORT"),
+    Option("workers", int, 1, "processes serving the same port (SO_REUSEPORT)", "N"),
+    Option("max-frame-bytes", int, 100 * 1024 * 1024, "largest request accepted; a larger size prefix closes the connection", "BYTES"),
+    Option("max-inflight", int, 256, "requests in flight per client connection before kfan stops reading", "N"),
+    Option("request-timeout", float, 30.0, "seconds a broker may take beyond what the request itself allows", "SECONDS"),
+    Option("metadata-refresh", float, 30.0, "seconds between topology refreshes (leadership errors refresh at once)", "SECONDS"),
+    Option("shutdown-timeout", float, 25.0, "on SIGTERM, seconds to finish in-flight requests before closing", "SECONDS"),
+    Option("log-level", str, "INFO", "DEBUG, INFO, WARNING, ERROR", "LEVEL"),
+    Option("log-json", _bool, False, "one JSON object per log line", "BOOL"),
+)
+
+
+def add_options(parser: argparse.ArgumentParser, *, skip: tuple[str, ...] = ()) -> None:
+    """Flags for every option; unset flags stay absent so the layers below can fill them."""
+    parser.add_argument("--config", type=Path, default=argparse.SUPPRESS, metavar="FILE", help="TOML file with options")
+    for o in OPTIONS:
+        if o.name in skip:
+            continue
+        parser.add_argument(
+            f"--{o.name}",
+            dest=o.dest,
+            type=o.parse,
+            default=argparse.SUPPRESS,
+            metavar=o.metavar,
+            help=f"{o.help} [env {o.env}; default {o.default}]",
+        )
+
+
+def resolve(flags: Mapping[str, Any], env: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """Each option's value: flag, else environment, else config file, else default."""
+    env = os.environ if env is None else env
+    config_path = flags.get("config") or env.get("KFAN_CONFIG")
+    file_values: dict[str, Any] = {}
+    if config_path:
+        raw = tomllib.loads(Path(config_path).read_text())
+        file_values = {k.replace("_", "-"): v for k, v in raw.items()}
+        unknown = set(file_values) - {o.name for o in OPTIONS}
+        if unknown:
+            raise ValueError(f"{config_path}: unknown options {sorted(unknown)}")
+    out: dict[str, Any] = {}
+    for o in OPTIONS:
+        if o.dest in flags:
+            out[o.dest] = flags[o.dest]
+        elif o.env in env:
+            out[o.dest] = o.parse(env[o.env])
+        elif o.name in file_values:
+            value = file_values[o.name]
+            out[o.dest] = o.parse(",".join(value) if isinstance(value, list) else value)
+        else:
+            out[o.dest] = o.default
+    return out

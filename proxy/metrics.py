@@ -1,0 +1,105 @@
+"""Prometheus metrics and the health endpoints, on a listener of their own.
+
+Every family is prefixed ``kfan_``. With ``--workers N`` the workers write
+their samples to a shared directory (prometheus-client's multiprocess mode,
+``PROMETHEUS_MULTIPROC_DIR``) and the parent process serves the sum, so one
+scrape sees all workers. The HTTP side is a small trio server: ``/metrics``,
+``/healthz`` (the process is alive) and ``/readyz`` (topology known and at
+least one broker reachable).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable
+
+import trio
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import REGISTRY as DEFAULT_REGISTRY
+
+log = logging.getLogger("kfan.metrics")
+
+_LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+
+CLIENT_REQUESTS = Counter("kfan_client_requests", "Client requests, by API key and version", ["api_key", "api_version"])
+CLIENT_LATENCY = Histogram(
+    "kfan_client_request_duration_seconds", "Client request to response written, by API key", ["api_key"], buckets=_LATENCY_BUCKETS
+)
+BROKER_LATENCY = Histogram(
+    "kfan_broker_request_duration_seconds",
+    "Sub-request to broker answer, by broker and API key",
+    ["broker", "api_key"],
+    buckets=_LATENCY_BUCKETS,
+)
+FANOUT = Histogram(
+    "kfan_fanout_width", "Sub-requests per client request, by API key", ["api_key"], buckets=(0, 1, 2, 3, 4, 6, 8, 12, 16, 32)
+)
+BYTES = Counter("kfan_bytes", "Bytes on the wire, by direction (client_in, client_out, broker_out, broker_in)", ["direction"])
+INFLIGHT = Gauge("kfan_inflight_requests", "Client requests being processed", multiprocess_mode="livesum")
+CLIENT_CONNECTIONS = Gauge("kfan_client_connections", "Open client connections", multiprocess_mode="livesum")
+BROKER_CONNECTIONS = Gauge("kfan_broker_connections", "Open connections to brokers, by broker", ["broker"], multiprocess_mode="livesum")
+ERRORS = Counter(
+    "kfan_errors", "Kafka error codes in answers to clients, by error code and broker (-1: kfan itself)", ["error_code", "broker"]
+)
+REFRESHES = Counter("kfan_topology_refreshes", "Topology refreshes, by result", ["result"])
+TOPOLOGY_AGE = Gauge("kfan_topology_age_seconds", "Seconds since the topology was last refreshed", multiprocess_mode="max")
+BROKER_UP = Gauge("kfan_broker_reachable", "1 if kfan reaches the broker, else 0", ["broker"], multiprocess_mode="max")
+
+
+def registry() -> CollectorRegistry:
+    """The registry to serve: all workers' samples in multiprocess mode, else this process's."""
+    if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        from prometheus_client import multiprocess
+
+        reg = CollectorRegistry()
+        multiprocess.MultiProcessCollector(reg)
+        return reg
+    return DEFAULT_REGISTRY
+
+
+async def serve_http(
+    host: str,
+    port: int,
+    ready: Callable[[], bool],
+    task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Serve /metrics, /healthz and /readyz until cancelled; reports the bound port."""
+    listeners = await trio.open_tcp_listeners(port, host=host)
+    bound = listeners[0].socket.getsockname()[1]
+    log.info("metrics and health on http://%s:%s/metrics", host, bound)
+    reg = registry()
+
+    async def handle(stream: trio.SocketStream) -> None:
+        try:
+            with trio.move_on_after(10):
+                data = b""
+                while b"\r\n\r\n" not in data and len(data) < 8192:
+                    chunk = await stream.receive_some(4096)
+                    if not chunk:
+                        return
+                    data += chunk
+                parts = data.split(b"\r\n", 1)[0].split()
+                path = parts[1].decode("latin-1").split("?", 1)[0] if len(parts) >= 2 else ""
+                if path == "/metrics":
+                    status, ctype, body = "200 OK", CONTENT_TYPE_LATEST, generate_latest(reg)
+                elif path == "/healthz":
+                    status, ctype, body = "200 OK", "text/plain", b"ok\n"
+                elif path == "/readyz":
+                    ok = ready()
+                    status, ctype, body = (
+                        ("200 OK" if ok else "503 Service Unavailable"),
+                        "text/plain",
+                        (b"ready\n" if ok else b"not ready\n"),
+                    )
+                else:
+                    status, ctype, body = "404 Not Found", "text/plain", b"not found\n"
+                head = f"HTTP/1.1 {status}\r\nContent-Type: {ctype}\r\nContent-Length: {len(body)}\r\nConnection: close\r\n\r\n"
+                await stream.send_all(head.encode("latin-1") + body)
+        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+            pass
+        finally:
+            await trio.aclose_forcefully(stream)
+
+    task_status.started(bound)
+    await trio.serve_listeners(handle, listeners)

@@ -1,0 +1,140 @@
+"""``kfan serve --workers N``: N processes on one port, one metrics endpoint.
+
+Python serves one core per process, so N worker processes each run the whole
+proxy and share the listening port through SO_REUSEPORT (the kernel spreads
+new connections). kfan is stateless, so workers need not talk to each other.
+The parent holds the port, starts the workers, serves /metrics with every
+worker's samples summed (prometheus-client's multiprocess mode, in a private
+temporary directory), and on SIGTERM passes the signal on and waits for each
+worker to drain.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+from typing import Any
+
+import trio
+
+from . import config, metrics
+
+log = logging.getLogger("kfan.workers")
+
+
+def _flag_value(value: Any) -> str:
+    if isinstance(value, tuple):
+        return f"{value[0]}:{value[1]}"
+    if isinstance(value, list):
+        return ",".join(_flag_value(v) for v in value)
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
+
+
+def worker_argv(options: dict[str, Any], port: int) -> list[str]:
+    """The `kfan serve` command line of one worker: every option, explicitly."""
+    argv = [sys.executable, "-m", "proxy", "serve"]
+    for o in config.OPTIONS:
+        value = options[o.dest]
+        if o.name in ("workers", "metrics-listen") or value is None:
+            continue
+        if o.name == "listen":
+            value = (value[0], port)
+        argv += [f"--{o.name}", _flag_value(value)]
+    return argv + ["--workers", "1"]
+
+
+def run_workers(options: dict[str, Any]) -> int:
+    host, port = options["listen"]
+    # Hold the port (and pick it, for port 0) so every worker binds the same one.
+    reserve = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+    reserve.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    reserve.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    reserve.bind((host, port))
+    port = reserve.getsockname()[1]
+    metrics_dir = tempfile.mkdtemp(prefix="kfan-metrics-")
+    os.environ["PROMETHEUS_MULTIPROC_DIR"] = metrics_dir
+    try:
+        return trio.run(_supervise, options, port, metrics_dir)
+    finally:
+        reserve.close()
+        shutil.rmtree(metrics_dir, ignore_errors=True)
+
+
+async def _supervise(options: dict[str, Any], port: int, metrics_dir: str) -> int:
+    n = options["workers"]
+    ready_count = 0
+    all_ready = trio.Event()
+    procs: list[trio.Process] = []
+
+    async def pump(proc: trio.Process) -> None:
+        nonlocal ready_count
+        assert proc.stdout is not None
+        buffer = b""
+        async for chunk in proc.stdout:
+            buffer += chunk
+            *lines, buffer = buffer.split(b"\n")
+            for line in lines:
+                text = line.decode(errors="replace")
+                if text.startswith("kfan: serving on"):
+                    ready_count += 1
+                    log.info("worker pid %s ready", proc.pid)
+                    if ready_count == n:
+                        all_ready.set()
+                else:
+                    print(text, flush=True)
+
+    def ready() -> bool:
+        return all_ready.is_set() and all(p.returncode is None for p in procs)
+
+    async with trio.open_nursery() as nursery:
+        if options["metrics_listen"] is not None:
+            await nursery.start(metrics.serve_http, *options["metrics_listen"], ready)
+        with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+            for i in range(n):
+                env = {**os.environ, "KFAN_WORKER": str(i), "PROMETHEUS_MULTIPROC_DIR": metrics_dir}
+                proc = await trio.lowlevel.open_process(worker_argv(options, port), env=env, stdout=subprocess.PIPE)
+                procs.append(proc)
+                nursery.start_soon(pump, proc)
+
+            async def announce() -> None:
+                await all_ready.wait()
+                advertise = options["advertise"] or (options["listen"][0], port)
+                print(f"kfan: serving on {advertise[0]}:{advertise[1] or port}, {n} workers (pids {[p.pid for p in procs]})", flush=True)
+
+            async def watch(proc: trio.Process) -> None:
+                code = await proc.wait()
+                from prometheus_client import multiprocess
+
+                multiprocess.mark_process_dead(proc.pid)
+                if not stopping:
+                    log.error("worker pid %s exited with %s; stopping", proc.pid, code)
+                    nursery.cancel_scope.cancel()
+
+            stopping = False
+            nursery.start_soon(announce)
+            for proc in procs:
+                nursery.start_soon(watch, proc)
+            async for signum in signals:
+                log.info("received %s, stopping %d workers", signal.Signals(signum).name, n)
+                stopping = True
+                for proc in procs:
+                    if proc.returncode is None:
+                        proc.send_signal(signal.SIGTERM)
+                with trio.move_on_after(options["shutdown_timeout"] + 5):
+                    for proc in procs:
+                        await proc.wait()
+                nursery.cancel_scope.cancel()
+                break
+    for proc in procs:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+    return 0 if all(p.returncode == 0 for p in procs) else 1

@@ -1,0 +1,245 @@
+"""Running kfan in production: metrics, health, configuration, workers, graceful stop.
+
+Real kfan processes over real sockets: /metrics scraped during traffic,
+/readyz before and after the cluster answers, `--workers 2` sharing one port,
+SIGTERM during a produce run, and the flag > env > file > default order.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+import uuid
+from pathlib import Path
+
+from confluent_kafka import Consumer, Producer, TopicPartition
+
+from backends.mock import MockCluster
+from backends.tansu import Tansu, _free_port
+from proxy import config
+from tests.conftest import ROOT, start_kfan
+
+FAMILIES = [
+    "kfan_client_requests_total",
+    "kfan_client_request_duration_seconds_count",
+    "kfan_broker_request_duration_seconds_count",
+    "kfan_fanout_width_count",
+    "kfan_bytes_total",
+    "kfan_inflight_requests",
+    "kfan_client_connections",
+    "kfan_broker_connections",
+    "kfan_errors_total",
+    "kfan_topology_refreshes_total",
+    "kfan_topology_age_seconds",
+    "kfan_broker_reachable",
+]
+
+
+def _get(url: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(url, timeout=5) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode()
+
+
+def _metrics_port(log: list[str], timeout: float = 20) -> int:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for line in list(log):
+            if m := re.search(r"metrics and health on http://[^:]+:(\d+)/metrics", line):
+                return int(m.group(1))
+        time.sleep(0.05)
+    raise AssertionError("no metrics listener in kfan's log:\n" + "".join(log))
+
+
+def _samples(text: str) -> dict[str, list[tuple[str, float]]]:
+    out: dict[str, list[tuple[str, float]]] = {}
+    for line in text.splitlines():
+        if line.startswith("#") or not line.strip():
+            continue
+        m = re.match(r"^(\w+)(\{[^}]*\})? (\S+)$", line)
+        assert m, line
+        out.setdefault(m.group(1), []).append((m.group(2) or "", float(m.group(3))))
+    return out
+
+
+def test_readyz_waits_for_the_cluster_and_metrics_cover_the_traffic() -> None:
+    port = _free_port()
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "proxy",
+            "serve",
+            "--bootstrap",
+            f"127.0.0.1:{port}",
+            "--listen",
+            "127.0.0.1:0",
+            "--metrics-listen",
+            "127.0.0.1:0",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env,
+    )
+    log: list[str] = []
+    threading.Thread(target=lambda: [log.append(line) for line in proc.stdout], daemon=True).start()  # type: ignore[union-attr]
+    try:
+        base = f"http://127.0.0.1:{_metrics_port(log)}"
+        assert _get(base + "/healthz")[0] == 200
+        assert _get(base + "/readyz")[0] == 503, "no broker has answered yet"
+        with Tansu(port) as tansu:
+            deadline = time.monotonic() + 30
+            while _get(base + "/readyz")[0] != 200 and time.monotonic() < deadline:
+                time.sleep(0.2)
+            assert _get(base + "/readyz")[0] == 200
+            served = next(m for line in list(log) if (m := re.search(r"kfan: serving on (\S+):(\d+)", line)))
+            bootstrap = f"{served.group(1)}:{served.group(2)}"
+            from confluent_kafka.admin import AdminClient, NewTopic
+
+            topic = f"m{uuid.uuid4().hex[:8]}"
+            admin = AdminClient({"bootstrap.servers": bootstrap})
+            for f in admin.create_topics([NewTopic(topic, 2, 1)]).values():
+                f.result(20)
+            producer = Producer({"bootstrap.servers": bootstrap})
+            for i in range(200):
+                producer.produce(topic, value=str(i).encode(), partition=i % 2)
+            assert producer.flush(20) == 0
+            consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"m-{uuid.uuid4()}"})
+            consumer.assign([TopicPartition(topic, 0, 0), TopicPartition(topic, 1, 0)])
+            got = 0
+            deadline = time.monotonic() + 30
+            while got < 200 and time.monotonic() < deadline:
+                got += sum(1 for m in consumer.consume(100, timeout=0.5) if m.error() is None)
+            _, text = _get(base + "/metrics")
+            consumer.close()
+            assert got == 200
+            samples = _samples(text)
+            for family in FAMILIES:
+                base_name = re.sub(r"_(total|count)$", "", family)
+                assert re.search(rf"^# TYPE {base_name}(_total)? ", text, re.M), f"{family} missing from /metrics"
+            nonzero = {name for name, rows in samples.items() if any(v != 0 for _, v in rows)}
+            for family in FAMILIES:
+                if family not in ("kfan_errors_total", "kfan_inflight_requests"):
+                    assert family in nonzero, f"{family} has only zero samples after traffic"
+            produce = [v for labels, v in samples["kfan_client_requests_total"] if 'api_key="0"' in labels]
+            assert sum(produce) >= 1
+            directions = {labels: v for labels, v in samples["kfan_bytes_total"]}
+            for d in ("client_in", "client_out", "broker_in", "broker_out"):
+                assert directions[f'{{direction="{d}"}}'] > 0
+            assert dict(samples["kfan_broker_reachable"])['{broker="111"}'] == 1
+            tansu.stop()
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 0
+
+
+def test_configuration_precedence_flag_env_file_default(tmp_path: Path) -> None:
+    path = tmp_path / "kfan.toml"
+    path.write_text('listen = "0.0.0.0:7000"\nnode_id = 5\nmetadata-refresh = 9\nlog-level = "DEBUG"\nbootstrap = ["a:1", "b:2"]\n')
+    env = {"KFAN_NODE_ID": "6", "KFAN_METADATA_REFRESH": "8"}
+    options = config.resolve({"config": path, "metadata_refresh": 7.0}, env)
+    assert options["metadata_refresh"] == 7.0, "flag beats env and file"
+    assert options["node_id"] == 6, "env beats file"
+    assert options["listen"] == ("0.0.0.0", 7000), "file beats default"
+    assert options["bootstrap"] == [("a", 1), ("b", 2)]
+    assert options["log_level"] == "DEBUG"
+    assert options["workers"] == 1, "default when nothing sets it"
+    assert config.resolve({}, {"KFAN_CONFIG": str(path)})["node_id"] == 5, "KFAN_CONFIG names the file"
+    (tmp_path / "bad.toml").write_text("no_such_option = 1\n")
+    try:
+        config.resolve({"config": tmp_path / "bad.toml"}, {})
+        raise AssertionError("an unknown option in the file must be refused")
+    except ValueError as e:
+        assert "no-such-option" in str(e)
+
+
+def test_readme_configuration_table_lists_every_option() -> None:
+    readme = (ROOT / "README.md").read_text()
+    rows = re.findall(r"^\| `--([a-z-]+)` \| `(KFAN_[A-Z_]+)` \|", readme, re.M)
+    assert rows == [(o.name, o.env) for o in config.OPTIONS]
+
+
+def _owners_of_established(port: int, pids: list[int]) -> dict[int, int]:
+    """pid -> number of established TCP sockets it holds with local port ``port``."""
+    inodes: dict[str, int] = {}
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        fields = line.split()
+        local, state, inode = fields[1], fields[3], fields[9]
+        if state == "01" and int(local.split(":")[1], 16) == port:
+            inodes[inode] = 1
+    out: dict[int, int] = {}
+    for pid in pids:
+        n = 0
+        for fd in Path(f"/proc/{pid}/fd").iterdir():
+            try:
+                target = os.readlink(fd)
+            except OSError:
+                continue
+            if target.startswith("socket:[") and target[8:-1] in inodes:
+                n += 1
+        out[pid] = n
+    return out
+
+
+def test_two_workers_share_the_port_and_both_serve(cluster: MockCluster, topic: str) -> None:
+    k = start_kfan(cluster.bootstrap, "--workers", "2")
+    try:
+        line = next(line for line in k.log if "workers (pids" in line)  # the line start_kfan waited for
+        pids = [int(p) for p in re.findall(r"\d+", line.split("pids", 1)[1])]
+        assert len(pids) == 2
+        producers = [Producer({"bootstrap.servers": k.bootstrap}) for _ in range(16)]
+        for i, p in enumerate(producers):
+            p.produce(topic, value=str(i).encode(), key=str(i).encode())
+        assert all(p.flush(20) == 0 for p in producers)
+        owners = _owners_of_established(k.port, pids)
+        assert all(n > 0 for n in owners.values()), f"each worker holds client connections: {owners}"
+        del producers
+    finally:
+        assert k.stop() == 0
+
+
+def test_sigterm_during_produce_answers_every_accepted_request(cluster: MockCluster, topic: str) -> None:
+    k = start_kfan(cluster.bootstrap, "--shutdown-timeout", "10")
+    producer = Producer({"bootstrap.servers": k.bootstrap, "linger.ms": 5, "message.timeout.ms": 8000, "enable.idempotence": True})
+    reports: list[tuple[int, str | None]] = []
+
+    def on_delivery(err: object, msg: object) -> None:
+        reports.append((int(msg.value()), None if err is None else str(err)))  # type: ignore[attr-defined]
+
+    sent = 0
+    t_end = time.monotonic() + 2.0
+    while time.monotonic() < t_end:
+        producer.produce(topic, value=str(sent).encode(), key=str(sent % 7).encode(), on_delivery=on_delivery)
+        producer.poll(0)
+        sent += 1
+        if sent % 200 == 0:
+            time.sleep(0.01)
+    k.process.send_signal(signal.SIGTERM)
+    producer.flush(30)
+    assert k.process.wait(30) == 0
+    log = "".join(k.log)
+    assert "every connection drained" in log, log[-2000:]
+    failed = [(v, e) for v, e in reports if e is not None]
+    # After kfan is gone the rest can only time out or fail to connect: retriable, never a false success.
+    assert all(("Timed out" in e or "TRANSPORT" in e.upper() or "timed out" in e.lower() or "Broker" in e) for _, e in failed), failed[:5]
+    delivered = {v for v, e in reports if e is None}
+    assert delivered, "some records were acknowledged before the stop"
+    consumer = Consumer({"bootstrap.servers": cluster.bootstrap, "group.id": f"s-{uuid.uuid4()}", "enable.auto.commit": False})
+    consumer.assign([TopicPartition(topic, p, 0) for p in range(6)])
+    seen: set[int] = set()
+    deadline = time.monotonic() + 30
+    while not delivered <= seen and time.monotonic() < deadline:
+        seen.update(int(m.value()) for m in consumer.consume(1000, timeout=0.5) if m.error() is None)
+    consumer.close()
+    assert delivered <= seen, f"{len(delivered - seen)} acknowledged records missing"
