@@ -276,6 +276,12 @@ class MockCluster:
         err = self._lib.rd_kafka_mock_set_apiversion(self._cluster(), api_key, min_version, max_version)
         self._check(err, f"set_apiversion({api_key}, {min_version}, {max_version})")
 
+    def set_broker_address(self, broker: int, host: str, port: int) -> None:
+        """Advertise ``broker`` at ``host:port`` in Metadata (it still listens on 127.0.0.1 only)."""
+        self._lib.rd_kafka_mock_broker_set_host_port(
+            ctypes.c_void_p(self._cluster()), ctypes.c_int32(broker), host.encode(), ctypes.c_int(port)
+        )
+
     # -- lifetime ------------------------------------------------------------
 
     def close(self) -> None:

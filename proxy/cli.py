@@ -15,7 +15,7 @@ from typing import Any
 import trio
 
 from . import config
-from .config import parse_addresses
+from .config import parse_address, parse_addresses
 from .connection import Limits
 from .server import Running, ServerConfig, serve
 
@@ -47,6 +47,12 @@ def build_parser() -> argparse.ArgumentParser:
         default=[],
         metavar="NAME:PARTITIONS",
         help="create a topic (repeatable); leaders spread round-robin",
+    )
+    c.add_argument(
+        "--host",
+        default=None,
+        metavar="ADDRESS",
+        help="also reachable at this local address, same ports (the brokers listen on 127.0.0.1; kfan relays)",
     )
     c.add_argument("--log-level", default="INFO")
     return parser
@@ -163,16 +169,52 @@ def _cluster(args: argparse.Namespace) -> int:
     with MockCluster(args.brokers) as mock:
         for name, partitions in args.topic:
             mock.create_topic(name, partitions)
-        print(f"kfan cluster: {args.brokers} brokers at {mock.bootstrap}", flush=True)
+        ports = [parse_address(a)[1] for a in mock.bootstrap.split(",")]
+        bootstrap = mock.bootstrap
+        if args.host:
+            for broker, port in enumerate(ports, start=1):
+                mock.set_broker_address(broker, args.host, port)
+            bootstrap = ",".join(f"{args.host}:{port}" for port in ports)
+        print(f"kfan cluster: {args.brokers} brokers at {bootstrap}", flush=True)
         for name, partitions in args.topic:
             print(f"  topic {name}: {partitions} partitions, leaders round-robin", flush=True)
-        print(f"Run: kfan serve --bootstrap {mock.bootstrap}", flush=True)
+        print(f"Run: kfan serve --bootstrap {bootstrap}", flush=True)
 
         async def body(nursery: trio.Nursery) -> None:
+            if args.host:
+                for port in ports:
+                    await nursery.start(_relay, args.host, port)
             return None
 
         trio.run(_until_signal, body)
     return 0
+
+
+async def _relay(host: str, port: int, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+    """Forward connections on host:port to the mock broker on 127.0.0.1:port."""
+
+    async def pipe(src: trio.SocketStream, dst: trio.SocketStream) -> None:
+        try:
+            while data := await src.receive_some(65536):
+                await dst.send_all(data)
+        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+            pass
+        finally:
+            await trio.aclose_forcefully(dst)
+
+    async def handle(client: trio.SocketStream) -> None:
+        try:
+            broker = await trio.open_tcp_stream("127.0.0.1", port)
+        except OSError:
+            await trio.aclose_forcefully(client)
+            return
+        async with trio.open_nursery() as n:
+            n.start_soon(pipe, client, broker)
+            n.start_soon(pipe, broker, client)
+
+    listeners = await trio.open_tcp_listeners(port, host=host)
+    task_status.started()
+    await trio.serve_listeners(handle, listeners)
 
 
 class _JsonFormatter(logging.Formatter):
