@@ -88,14 +88,19 @@ def start_kfan(bootstrap: str, *extra: str) -> Kfan:
     return Kfan(proc, found["host"], int(found["port"]), log)
 
 
-@pytest.fixture(scope="session")
-def kfan(cluster: MockCluster) -> Iterator[Kfan]:
-    k = start_kfan(cluster.bootstrap, "--metadata-refresh", "2")
+def kfan_for_session(bootstrap: str, name: str) -> Iterator[Kfan]:
+    """A kfan process that must live through the session and stop cleanly at its end."""
+    k = start_kfan(bootstrap, "--metadata-refresh", "2")
     yield k
     alive = k.alive()
     code = k.stop()
-    assert alive, "kfan died during the session:\n" + "".join(k.log[-50:])
-    assert code == 0, f"kfan did not stop cleanly (exit {code}):\n" + "".join(k.log[-50:])
+    assert alive, f"{name} died during the session:\n" + "".join(k.log[-50:])
+    assert code == 0, f"{name} did not stop cleanly (exit {code}):\n" + "".join(k.log[-50:])
+
+
+@pytest.fixture(scope="session")
+def kfan(cluster: MockCluster) -> Iterator[Kfan]:
+    yield from kfan_for_session(cluster.bootstrap, "kfan")
 
 
 @pytest.fixture(scope="session")
@@ -109,12 +114,7 @@ def tansu() -> Iterator[Tansu]:
 @pytest.fixture(scope="session")
 def kfan_tansu(tansu: Tansu) -> Iterator[Kfan]:
     """kfan in front of the single Tansu broker."""
-    k = start_kfan(tansu.bootstrap, "--metadata-refresh", "2")
-    yield k
-    alive = k.alive()
-    code = k.stop()
-    assert alive, "kfan (tansu) died during the session:\n" + "".join(k.log[-50:])
-    assert code == 0, f"kfan (tansu) did not stop cleanly (exit {code}):\n" + "".join(k.log[-50:])
+    yield from kfan_for_session(tansu.bootstrap, "kfan (tansu)")
 
 
 _topics = iter(range(1, 1_000_000))
