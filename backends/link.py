@@ -33,7 +33,7 @@ class LinkError(Exception):
 class Pending:
     """A request's answer to come: the response payload, or a :class:`LinkError`."""
 
-    __slots__ = ("_done", "_value", "sent", "done_at", "created_at")
+    __slots__ = ("_done", "_value", "sent", "done_at", "created_at", "request", "broker")
 
     def __init__(self) -> None:
         self._done = trio.Event()
@@ -41,6 +41,8 @@ class Pending:
         self._value: bytes | LinkError | None = None
         self.done_at: float | None = None  # trio clock time the answer came
         self.created_at = trio.current_time()
+        self.request: bytes | None = None  # the frame sent, kept only for traffic capture
+        self.broker = -1
 
     def set(self, value: bytes | LinkError) -> None:
         if not self._done.is_set():
@@ -48,6 +50,10 @@ class Pending:
             self.done_at = trio.current_time()
             self._done.set()
             self.sent.set()
+
+    def answer(self) -> bytes | None:
+        """The answer if it came (not an error), without waiting."""
+        return self._value if isinstance(self._value, bytes | bytearray) else None
 
     async def wait(self) -> bytes:
         await self._done.wait()
@@ -66,8 +72,10 @@ class Link:
         *,
         connect_timeout: float = 10.0,
         max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
+        keep_requests: bool = False,
     ) -> None:
         self.broker_id = broker_id
+        self.keep_requests = keep_requests
         self.address = (host, port)
         self.connect_timeout = connect_timeout
         self.max_frame_bytes = max_frame_bytes
@@ -89,12 +97,15 @@ class Link:
     def submit(self, sub: SubRequest) -> Pending:
         """Queue a request; its bytes go out after everything submitted before it."""
         pending = Pending()
+        pending.broker = self.broker_id
         if self.failed is not None:
             pending.set(self.failed)
             return pending
         cid = self._next_cid
         self._next_cid = (cid + 1) & 0x7FFFFFFF
         data = frame([request_head(sub), _CID.pack(cid), *sub.tail])
+        if self.keep_requests:
+            pending.request = data
         self._seq += 1
         if sub.expect_response:
             self._waiting[cid] = pending

@@ -15,6 +15,7 @@ from typing import Any
 import trio
 
 from . import config
+from .capture import CaptureConfig
 from .config import parse_address, parse_addresses
 from .connection import Limits
 from .server import Running, ServerConfig, serve
@@ -71,6 +72,9 @@ def _config(options: dict[str, Any], bootstrap: list[tuple[str, int]], reuse_por
         metrics_listen=options["metrics_listen"],
         reuse_port=reuse_port,
         shutdown_timeout_s=options["shutdown_timeout"],
+        capture=None
+        if options["capture"] is None
+        else CaptureConfig(options["capture"], sample=options["capture_sample"], records=options["capture_records"]),
     )
 
 

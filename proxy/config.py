@@ -39,6 +39,12 @@ def _bool(text: Any) -> bool:
     raise ValueError(f"expected true or false, got {text!r}")
 
 
+def _records_mode(text: Any) -> str:
+    if str(text) not in ("full", "none"):
+        raise ValueError(f"expected full or none, got {text!r}")
+    return str(text)
+
+
 @dataclass(frozen=True)
 class Option:
     name: str  # the flag without dashes
@@ -69,6 +75,9 @@ OPTIONS: tuple[Option, ...] = (
     Option("request-timeout", float, 30.0, "seconds a broker may take beyond what the request itself allows", "SECONDS"),
     Option("metadata-refresh", float, 30.0, "seconds between topology refreshes (leadership errors refresh at once)", "SECONDS"),
     Option("shutdown-timeout", float, 25.0, "on SIGTERM, seconds to finish in-flight requests before closing", "SECONDS"),
+    Option("capture", Path, None, "record client exchanges as Parquet files in this directory", "DIR"),
+    Option("capture-sample", float, 1.0, "fraction of exchanges captured", "FRACTION"),
+    Option("capture-records", _records_mode, "full", "full, or none: record batches emptied so no payload is stored", "full|none"),
     Option("log-level", str, "INFO", "DEBUG, INFO, WARNING, ERROR", "LEVEL"),
     Option("log-json", _bool, False, "one JSON object per log line", "BOOL"),
 )

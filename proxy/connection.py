@@ -18,6 +18,8 @@ from __future__ import annotations
 import itertools
 import logging
 import math
+import os
+import time
 from collections.abc import Hashable, Mapping
 from dataclasses import dataclass
 
@@ -27,6 +29,7 @@ from backends.cluster import Cluster, CoordinatorError
 from backends.link import Link, LinkError, Pending
 
 from . import errors, metrics, routing
+from .capture import Capture
 from .core import (
     ANY,
     NO_ANSWER_YET,
@@ -72,7 +75,7 @@ class _Close(Exception):
 class _Slot:
     """A place in the response order."""
 
-    __slots__ = ("done", "parts", "close", "size", "started", "api_key")
+    __slots__ = ("done", "parts", "close", "size", "started", "api_key", "captured")
 
     def __init__(self, size: int) -> None:
         self.done = trio.Event()
@@ -81,6 +84,7 @@ class _Slot:
         self.size = size
         self.started = trio.current_time()
         self.api_key = -1
+        self.captured: tuple[int, bytes] | None = None  # (wall-clock ns at read, the request) when sampled
 
 
 class _Budget:
@@ -104,8 +108,11 @@ class _Budget:
 
 
 class ClientConnection:
-    def __init__(self, stream: trio.SocketStream, cluster: Cluster, identity: Identity, limits: Limits) -> None:
+    def __init__(
+        self, stream: trio.SocketStream, cluster: Cluster, identity: Identity, limits: Limits, capture: Capture | None = None
+    ) -> None:
         self.stream = stream
+        self.capture = capture
         self.cluster = cluster
         self.identity = identity
         self.limits = limits
@@ -163,6 +170,8 @@ class ClientConnection:
             await self._budget.acquire(len(payload))
             slot = _Slot(len(payload))
             metrics.BYTES.labels("client_in").inc(len(payload) + 4)
+            if self.capture is not None and self.capture.sampled():
+                slot.captured = (time.time_ns(), bytes(payload))
             try:
                 plan = plan_request(self._context(), payload)
                 if plan.unknown_topics:
@@ -264,7 +273,7 @@ class ClientConnection:
         b = self.cluster.topology.brokers.get(broker)
         if b is None:
             return None
-        link = Link(broker, b.host, b.port, max_frame_bytes=self.limits.max_frame_bytes)
+        link = Link(broker, b.host, b.port, max_frame_bytes=self.limits.max_frame_bytes, keep_requests=self.capture is not None)
         self._links[(broker, lane)] = link
         self._nursery.start_soon(link.run)
         return link
@@ -277,7 +286,7 @@ class ClientConnection:
                 for p in pendings.values():
                     if not isinstance(p, int):
                         await p.sent.wait()
-            self._answer(slot, plan, None)
+            self._answer(slot, plan, None, pendings)
             return
         answers = await self._gather(plan, pendings, submitted_at)
         assert plan.merge is not None
@@ -303,7 +312,7 @@ class ClientConnection:
             self.cluster.forget(c)
         if outcome.stale_topics or outcome.refresh:
             self.cluster.request_refresh()
-        self._answer(slot, plan, outcome.body)
+        self._answer(slot, plan, outcome.body, pendings)
 
     async def _gather(self, plan: Plan, pendings: Mapping[Target, Pending | int], submitted_at: float) -> dict[Target, Answer]:
         """The brokers' answers, as they come. A Fetch is answered as soon as a
@@ -406,11 +415,27 @@ class ClientConnection:
             if entry is not None and entry[1] is p:
                 del self._fetch_ahead[target]  # type: ignore[arg-type]
 
-    def _answer(self, slot: _Slot, plan: Plan, body: Parts | None) -> None:
+    def _answer(self, slot: _Slot, plan: Plan, body: Parts | None, pendings: Mapping[Target, Pending | int] | None = None) -> None:
+        h = plan.header
         if body is not None:
-            h = plan.header
             slot.parts = [response_header(h.api_key, h.api_version, h.correlation_id), *body]
         slot.done.set()
+        if slot.captured is not None and self.capture is not None:
+            ts_start, request = slot.captured
+            subrequests = [
+                (p.broker, p.request[4:], p.answer()) for p in (pendings or {}).values() if isinstance(p, Pending) and p.request is not None
+            ]
+            self.capture.offer(
+                ts_start=ts_start,
+                conn_id=f"{os.getpid()}-{self.id}",
+                api_key=h.api_key,
+                api_version=h.api_version,
+                correlation_id=h.correlation_id,
+                request=request,
+                response=None if slot.parts is None else b"".join(bytes(x) for x in slot.parts),
+                subrequests=subrequests,
+                topology=self.cluster.topology.to_json(),
+            )
 
     # --- writing ---------------------------------------------------------------------
 
@@ -437,9 +462,14 @@ def _broker_label(target: Target) -> str:
 
 
 async def serve_client(
-    stream: trio.SocketStream, cluster: Cluster, identity: Identity, limits: Limits, registry: set[ClientConnection] | None = None
+    stream: trio.SocketStream,
+    cluster: Cluster,
+    identity: Identity,
+    limits: Limits,
+    registry: set[ClientConnection] | None = None,
+    capture: Capture | None = None,
 ) -> None:
-    conn = ClientConnection(stream, cluster, identity, limits)
+    conn = ClientConnection(stream, cluster, identity, limits, capture)
     log.debug("client %s connected", conn.id)
     metrics.CLIENT_CONNECTIONS.inc()
     if registry is not None:

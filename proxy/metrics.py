@@ -44,6 +44,7 @@ ERRORS = Counter(
 )
 REFRESHES = Counter("kfan_topology_refreshes", "Topology refreshes, by result", ["result"])
 TOPOLOGY_AGE = Gauge("kfan_topology_age_seconds", "Seconds since the topology was last refreshed", multiprocess_mode="max")
+CAPTURE_DROPPED = Counter("kfan_capture_dropped", "Captured exchanges dropped because the capture writer lagged")
 BROKER_UP = Gauge("kfan_broker_reachable", "1 if kfan reaches the broker, else 0", ["broker"], multiprocess_mode="max")
 
 

@@ -18,6 +18,7 @@ import trio
 from backends.cluster import Cluster
 
 from . import metrics
+from .capture import Capture, CaptureConfig
 from .connection import ClientConnection, Limits, serve_client
 from .core import Identity
 
@@ -35,6 +36,7 @@ class ServerConfig:
     metrics_listen: tuple[str, int] | None = None
     reuse_port: bool = False  # several worker processes share the listen port
     shutdown_timeout_s: float = 25.0
+    capture: CaptureConfig | None = None
 
 
 @dataclass
@@ -88,6 +90,9 @@ async def serve(config: ServerConfig, task_status: trio.TaskStatus[Running] = tr
         if config.metrics_listen is not None:
             metrics_port = await nursery.start(metrics.serve_http, *config.metrics_listen, cluster.is_ready)
         await nursery.start(cluster.run)
+        capture = Capture(config.capture) if config.capture is not None else None
+        if capture is not None:
+            nursery.start_soon(capture.run)
         host, port = config.listen
         listener = await _listen(host, port, config.reuse_port)
         bound = listener.socket.getsockname()[1]
@@ -97,7 +102,9 @@ async def serve(config: ServerConfig, task_status: trio.TaskStatus[Running] = tr
         identity = Identity(config.node_id, adv_host, adv_port)
         log.info("kfan listening on %s:%s, advertised as %s:%s (node %s)", host, bound, adv_host, adv_port, config.node_id)
         running = Running(bound, identity, cluster, metrics_port)
-        handler = partial(serve_client, cluster=cluster, identity=identity, limits=config.limits, registry=running._connections)
+        handler = partial(
+            serve_client, cluster=cluster, identity=identity, limits=config.limits, registry=running._connections, capture=capture
+        )
         task_status.started(running)
         async with trio.open_nursery() as clients:
             with trio.CancelScope() as running._accepting:
