@@ -51,10 +51,6 @@ class Pending:
             self._done.set()
             self.sent.set()
 
-    def answer(self) -> bytes | None:
-        """The answer if it came (not an error), without waiting."""
-        return self._value if isinstance(self._value, bytes | bytearray) else None
-
     async def wait(self) -> bytes:
         await self._done.wait()
         if isinstance(self._value, LinkError):

@@ -16,6 +16,7 @@ connection's nursery.
 from __future__ import annotations
 
 import itertools
+import json
 import logging
 import math
 import os
@@ -312,7 +313,7 @@ class ClientConnection:
             self.cluster.forget(c)
         if outcome.stale_topics or outcome.refresh:
             self.cluster.request_refresh()
-        self._answer(slot, plan, outcome.body, pendings)
+        self._answer(slot, plan, outcome.body, pendings, answers)
 
     async def _gather(self, plan: Plan, pendings: Mapping[Target, Pending | int], submitted_at: float) -> dict[Target, Answer]:
         """The brokers' answers, as they come. A Fetch is answered as soon as a
@@ -415,15 +416,26 @@ class ClientConnection:
             if entry is not None and entry[1] is p:
                 del self._fetch_ahead[target]  # type: ignore[arg-type]
 
-    def _answer(self, slot: _Slot, plan: Plan, body: Parts | None, pendings: Mapping[Target, Pending | int] | None = None) -> None:
+    def _answer(
+        self,
+        slot: _Slot,
+        plan: Plan,
+        body: Parts | None,
+        pendings: Mapping[Target, Pending | int] | None = None,
+        answers: Mapping[Target, Answer] | None = None,
+    ) -> None:
         h = plan.header
         if body is not None:
             slot.parts = [response_header(h.api_key, h.api_version, h.correlation_id), *body]
         slot.done.set()
         if slot.captured is not None and self.capture is not None:
             ts_start, request = slot.captured
+            # Each broker answer as the merge saw it (None: failed, or not in yet).
+            used = {t: (a if isinstance(a, bytes | bytearray | memoryview) else None) for t, a in (answers or {}).items()}
             subrequests = [
-                (p.broker, p.request[4:], p.answer()) for p in (pendings or {}).values() if isinstance(p, Pending) and p.request is not None
+                (p.broker, p.request[4:], None if used.get(t) is None else bytes(used[t]))  # type: ignore[arg-type]
+                for t, p in (pendings or {}).items()
+                if isinstance(p, Pending) and p.request is not None
             ]
             self.capture.offer(
                 ts_start=ts_start,
@@ -434,7 +446,11 @@ class ClientConnection:
                 request=request,
                 response=None if slot.parts is None else b"".join(bytes(x) for x in slot.parts),
                 subrequests=subrequests,
-                topology=self.cluster.topology.to_json(),
+                # The topology used, plus kfan's own identity (replay rewrites answers with it).
+                topology={
+                    **json.loads(self.cluster.topology.to_json()),
+                    "kfan": {"node_id": self.identity.node_id, "host": self.identity.host, "port": self.identity.port},
+                },
             )
 
     # --- writing ---------------------------------------------------------------------

@@ -1,0 +1,213 @@
+"""Replay kfan captures through the current core with PySpark; report regressions.
+
+Each captured exchange is checked by :func:`proxy.replay.check_exchange` on
+the executors; the driver aggregates by API key and version (counts,
+regressions with the first examples, latency percentiles, fan-out widths) and
+writes ``OUT.json`` and ``OUT.html``. Exit status 1 when any exchange
+regressed.
+
+Local mode (what `kfan replay DIR --report OUT` runs):
+
+    python spark/replay.py CAPTURE_DIR --report OUT
+
+On a cluster (executors need kfan's dependencies: pip install kfan there, or
+ship them with --py-files / a packed environment):
+
+    zip -r kfan.zip proxy backends
+    spark-submit --master spark://HOST:7077 --py-files kfan.zip spark/replay.py s3a://bucket/captures --report /tmp/replay
+"""
+
+from __future__ import annotations
+
+import argparse
+import html
+import json
+import math
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+EXAMPLES = 3
+LATENCY_BUCKETS_MS = [0.5, 1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, math.inf]
+
+
+def _check_rows(rows: Any) -> Any:
+    from proxy.replay import check_exchange
+
+    for row in rows:
+        d = row.asDict(recursive=True)
+        r = check_exchange(d)
+        yield (
+            r.api_key,
+            r.api_version,
+            float(r.latency_ms),
+            r.fanout,
+            r.regressed,
+            json.dumps([[f.check, f.detail] for f in r.findings]),
+            d["conn_id"],
+            d["correlation_id"],
+        )
+
+
+def run(capture: str, report: Path, master: str | None = None) -> dict[str, Any]:
+    from pyspark.sql import SparkSession
+    from pyspark.sql import functions as F
+    from pyspark.sql.types import BooleanType, DoubleType, IntegerType, StringType, StructField, StructType
+    from pyspark.sql.window import Window
+
+    builder = SparkSession.builder.appName("kfan-replay").config("spark.ui.enabled", "false")
+    if master:
+        builder = builder.master(master)
+    spark = builder.getOrCreate()
+    try:
+        source = capture if "://" in capture else str(Path(capture).resolve())
+        # Complete files only: the one still being written is *.parquet.inprogress.
+        exchanges = spark.read.parquet(source.rstrip("/") + "/*.parquet")
+        schema = StructType(
+            [
+                StructField("api_key", IntegerType()),
+                StructField("api_version", IntegerType()),
+                StructField("latency_ms", DoubleType()),
+                StructField("fanout", IntegerType()),
+                StructField("regressed", BooleanType()),
+                StructField("findings", StringType()),
+                StructField("conn_id", StringType()),
+                StructField("correlation_id", IntegerType()),
+            ]
+        )
+        results = spark.createDataFrame(exchanges.rdd.mapPartitions(_check_rows), schema).cache()
+        per_api = (
+            results.groupBy("api_key", "api_version")
+            .agg(
+                F.count("*").alias("exchanges"),
+                F.sum(F.col("regressed").cast("int")).alias("regressions"),
+                F.percentile_approx("latency_ms", [0.5, 0.9, 0.99]).alias("latency_ms_p50_p90_p99"),
+                F.max("latency_ms").alias("latency_ms_max"),
+            )
+            .orderBy("api_key", "api_version")
+            .collect()
+        )
+        ranked = results.filter("regressed").withColumn(
+            "n", F.row_number().over(Window.partitionBy("api_key", "api_version").orderBy("conn_id", "correlation_id"))
+        )
+        examples = ranked.filter(F.col("n") <= EXAMPLES).collect()
+        fanout = results.groupBy("api_key", "fanout").count().orderBy("api_key", "fanout").collect()
+        bucket = F.lit(len(LATENCY_BUCKETS_MS) - 1)
+        for i, edge in reversed(list(enumerate(LATENCY_BUCKETS_MS[:-1]))):
+            bucket = F.when(F.col("latency_ms") <= edge, F.lit(i)).otherwise(bucket)
+        latency = results.groupBy(bucket.alias("bucket")).count().orderBy("bucket").collect()
+    finally:
+        spark.stop()
+
+    summary: dict[str, Any] = {
+        "capture": capture,
+        "exchanges": sum(r["exchanges"] for r in per_api),
+        "regressions": sum(r["regressions"] for r in per_api),
+        "apis": [],
+        "fanout": [{"api_key": r["api_key"], "width": r["fanout"], "count": r["count"]} for r in fanout],
+        "latency_histogram_ms": [{"le": LATENCY_BUCKETS_MS[r["bucket"]], "count": r["count"]} for r in latency],
+    }
+    for r in per_api:
+        p = r["latency_ms_p50_p90_p99"] or [None, None, None]
+        summary["apis"].append(
+            {
+                "api_key": r["api_key"],
+                "api_version": r["api_version"],
+                "exchanges": r["exchanges"],
+                "regressions": r["regressions"],
+                "latency_ms": {"p50": p[0], "p90": p[1], "p99": p[2], "max": r["latency_ms_max"]},
+                "examples": [
+                    {"conn_id": e["conn_id"], "correlation_id": e["correlation_id"], "findings": json.loads(e["findings"])}
+                    for e in examples
+                    if e["api_key"] == r["api_key"] and e["api_version"] == r["api_version"]
+                ],
+            }
+        )
+    report.parent.mkdir(parents=True, exist_ok=True)
+    Path(str(report) + ".json").write_text(json.dumps(summary, indent=2, default=str))
+    Path(str(report) + ".html").write_text(render_html(summary))
+    return summary
+
+
+def _bars(title: str, items: list[tuple[str, int]]) -> str:
+    """A horizontal bar chart as inline SVG (no plotting library needed to read the report)."""
+    if not items:
+        return f"<h3>{html.escape(title)}</h3><p>no data</p>"
+    top = max(c for _, c in items) or 1
+    row, width = 22, 420
+    parts = [f'<h3>{html.escape(title)}</h3><svg width="{width + 260}" height="{row * len(items) + 10}" role="img">']
+    for i, (label, count) in enumerate(items):
+        w = max(1, int(width * count / top))
+        y = i * row + 5
+        parts.append(f'<text x="0" y="{y + 15}" font-size="13">{html.escape(label)}</text>')
+        parts.append(f'<rect x="150" y="{y}" width="{w}" height="{row - 6}" fill="#4a7bd0"/>')
+        parts.append(f'<text x="{155 + w}" y="{y + 15}" font-size="13">{count}</text>')
+    parts.append("</svg>")
+    return "".join(parts)
+
+
+def render_html(summary: dict[str, Any]) -> str:
+    from proxy.routing import api_name
+
+    def name(key: int) -> str:
+        try:
+            return api_name(key)
+        except (AssertionError, KeyError, ModuleNotFoundError):
+            return str(key)
+
+    verdict = "no regressions" if summary["regressions"] == 0 else f"{summary['regressions']} regressed exchanges"
+    rows = []
+    for a in summary["apis"]:
+        lat = a["latency_ms"]
+        ex = "<br>".join(html.escape(f"{e['conn_id']}#{e['correlation_id']}: {e['findings']}") for e in a["examples"])
+        rows.append(
+            f"<tr><td>{name(a['api_key'])}</td><td>{a['api_key']}</td><td>{a['api_version']}</td><td>{a['exchanges']}</td>"
+            f"<td>{a['regressions']}</td><td>{_fmt(lat['p50'])}</td><td>{_fmt(lat['p90'])}</td><td>{_fmt(lat['p99'])}</td>"
+            f"<td><code>{ex}</code></td></tr>"
+        )
+    latency = [(f"≤ {b['le']} ms" if b["le"] != math.inf else "> 5000 ms", b["count"]) for b in summary["latency_histogram_ms"]]
+    fanout = [(f"{name(f['api_key'])} × {f['width']}", f["count"]) for f in summary["fanout"]]
+    return f"""<!doctype html><html><head><meta charset="utf-8"><title>kfan replay</title>
+<style>body{{font-family:sans-serif;margin:2em}}table{{border-collapse:collapse}}td,th{{border:1px solid #ccc;padding:4px 8px}}</style></head>
+<body><h1>kfan replay: {html.escape(verdict)}</h1>
+<p>{summary['exchanges']} exchanges from <code>{html.escape(str(summary['capture']))}</code></p>
+<table><tr><th>API</th><th>key</th><th>version</th><th>exchanges</th><th>regressions</th><th>p50 ms</th><th>p90 ms</th><th>p99 ms</th><th>first regressions</th></tr>
+{''.join(rows)}</table>
+{_bars("Client latency (ts_end - ts_start)", latency)}
+{_bars("Fan-out width (sub-requests per exchange)", fanout)}
+</body></html>"""
+
+
+def _fmt(v: float | None) -> str:
+    return "" if v is None else f"{v:.2f}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="Replay kfan captures through the current core and report regressions.")
+    parser.add_argument("capture", help="capture directory (local path or any URL Spark reads)")
+    parser.add_argument("--report", required=True, type=Path, help="writes REPORT.json and REPORT.html")
+    parser.add_argument("--master", default=None, help="Spark master (default: spark-submit's, or local[*])")
+    parser.add_argument("--break", dest="broken", default=None, help=argparse.SUPPRESS)  # tests only: a deliberately broken core
+    args = parser.parse_args(argv)
+    if args.broken:
+        os.environ["KFAN_REPLAY_BREAK"] = args.broken  # inherited by the Python workers
+    # Under spark-submit (its scripts set SPARK_ENV_LOADED) the master is spark-submit's; run directly, local mode.
+    master = args.master or (None if os.environ.get("SPARK_ENV_LOADED") else "local[*]")
+    if master and master.startswith("local"):
+        # Local workers run this interpreter (its venv has kio and the rest).
+        os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    # Executors import proxy/ and backends/ from the project in local mode.
+    root = str(Path(__file__).resolve().parent.parent)
+    os.environ["PYTHONPATH"] = root + os.pathsep + os.environ.get("PYTHONPATH", "")
+    sys.path.insert(0, root)
+    summary = run(args.capture, args.report, master)
+    print(f"kfan replay: {summary['exchanges']} exchanges, {summary['regressions']} regressed; report {args.report}.html")
+    for a in summary["apis"]:
+        for e in a["examples"]:
+            print(f"  regressed: api_key {a['api_key']} v{a['api_version']} {e['conn_id']}#{e['correlation_id']}: {e['findings'][0]}")
+    return 1 if summary["regressions"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
