@@ -39,6 +39,7 @@ from .core import (
     Context,
     Coordinator,
     Identity,
+    Marks,
     Plan,
     Target,
     Unsupported,
@@ -47,6 +48,7 @@ from .core import (
 )
 from .frames import FrameReader, frame
 from .headers import peek_request, response_header
+from .partitioned import TopicPartition
 from .wire import Malformed, Parts
 
 log = logging.getLogger("kfan.connection")
@@ -126,6 +128,8 @@ class ClientConnection:
         self._receiving: trio.CancelScope | None = None
         # Per broker, the sub-fetch in flight (or just answered) that no client answer used yet.
         self._fetch_ahead: dict[int, tuple[Hashable, Pending, float]] = {}
+        # Each partition's marks as its leader last reported them on this connection.
+        self._marks: dict[TopicPartition, Marks] = {}
 
     async def run(self) -> None:
         try:
@@ -292,7 +296,7 @@ class ClientConnection:
         answers = await self._gather(plan, pendings, submitted_at)
         assert plan.merge is not None
         try:
-            outcome = plan.merge(answers)
+            outcome = plan.merge(answers, self._marks) if plan.fetch_min_bytes is not None else plan.merge(answers)
         except BrokerUnavailable as e:
             log.info("client %s: %s", self.id, e)
             slot.close = True
@@ -303,6 +307,7 @@ class ClientConnection:
             slot.close = True
             slot.done.set()
             return
+        self._marks.update(outcome.fetch_marks)
         for (code, broker), n in outcome.errors.items():
             metrics.ERRORS.labels(str(code), str(broker)).inc(n)
         if outcome.metadata is not None:
@@ -357,7 +362,14 @@ class ClientConnection:
                     outstanding.add(target)
             while outstanding:
                 now = trio.current_time()
-                if fetch and answers and fetch_satisfied(plan.header, answers, plan.fetch_min_bytes or 0):
+                if (
+                    fetch
+                    and answers
+                    and fetch_satisfied(plan.header, answers, plan.fetch_min_bytes or 0)
+                    and all(plan.fetch_partitions[t] <= self._marks.keys() for t in outstanding)
+                ):
+                    # Answered early only if every partition still out has marks
+                    # to report (see core._finish_fetch); at first, wait for all.
                     cut_short = True
                     break
                 if fetch and now >= soft and not outstanding & fresh:

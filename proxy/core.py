@@ -16,10 +16,10 @@ from __future__ import annotations
 
 import struct
 import uuid
-from collections.abc import Callable, Hashable, Mapping
+from collections.abc import Hashable, Mapping
 from dataclasses import dataclass, field
 from functools import cache
-from typing import Any
+from typing import Any, Protocol
 
 from backends.topology import Topology
 
@@ -79,9 +79,17 @@ class Outcome:
     moved: set[Coordinator] = field(default_factory=set)
     refresh: bool = False  # the request changed topics or leaders: refresh the topology
     errors: dict[tuple[int, int], int] = field(default_factory=dict)  # (error code, broker) -> partitions answering it
+    fetch_marks: dict[TopicPartition, Marks] = field(default_factory=dict)  # a Fetch: each answered partition's marks
 
 
-Merge = Callable[[Mapping[Target, Answer]], Outcome]
+# A partition's offsets as its leader last reported them in a Fetch answer:
+# high watermark, last stable offset, log start offset.
+Marks = tuple[int, int, int]
+_MARKS = ("high_watermark", "last_stable_offset", "log_start_offset")
+
+
+class Merge(Protocol):
+    def __call__(self, answers: Mapping[Target, Answer], marks: Mapping[TopicPartition, Marks] = ..., /) -> Outcome: ...
 
 
 @dataclass(slots=True)
@@ -95,6 +103,7 @@ class Plan:
     hold_ms: int = 0  # how long the request itself lets a broker hold it before answering
     fetch_min_bytes: int | None = None  # a Fetch: answer once this much data (or an error) is in
     fetch_keys: dict[Target, Hashable] = field(default_factory=dict)  # per sub-fetch, what it asks, order aside
+    fetch_partitions: dict[Target, frozenset[TopicPartition]] = field(default_factory=dict)  # per sub-fetch, its partitions
 
 
 @dataclass(frozen=True, slots=True)
@@ -273,7 +282,7 @@ def _plan_partitioned(ctx: Context, hdr: RequestHeader, payload: memoryview, req
         else:
             plan_subs[target] = _reencoded(hdr, payload, sub, expect)
 
-    def merge(answers: Mapping[Target, Answer]) -> Outcome:
+    def merge(answers: Mapping[Target, Answer], marks: Mapping[TopicPartition, Marks] = {}, /) -> Outcome:  # noqa: B006
         decoded: dict[Hashable, Struct] = {}
         failed: dict[Target, int] = {}
         for target, answer in answers.items():
@@ -308,7 +317,8 @@ def _plan_partitioned(ctx: Context, hdr: RequestHeader, payload: memoryview, req
                 outcome.stale_topics.update(tp[0] for tp, owner_target in owner.items() if owner_target == target)
         _rewrite_partitions(ctx.identity, body, resp_layout, outcome)
         if api_key == routing.FETCH:
-            _finish_fetch(body, request, resp_layout, decoded)
+            waiting = {tp for tp, t in owner.items() if t in failed and failed[t] == NO_ANSWER_YET}
+            outcome.fetch_marks = _finish_fetch(body, request, resp_layout, decoded, waiting, marks)
         outcome.body = encode_body(response_spec(api_key, hdr.api_version), body)
         return outcome
 
@@ -319,8 +329,16 @@ def _plan_partitioned(ctx: Context, hdr: RequestHeader, payload: memoryview, req
     if api_key != routing.FETCH:
         return Plan(hdr, expect, subs=plan_subs, merge=merge, unknown_topics=unknown)
     fetch_keys: dict[Target, Hashable] = {t: fetch_key(sub, req_layout) for t, sub in subs.items()}
+    fetch_partitions = {t: frozenset(req_layout.keys(sub)) for t, sub in subs.items()}
     return Plan(
-        hdr, expect, subs=plan_subs, merge=merge, unknown_topics=unknown, fetch_min_bytes=request["min_bytes"], fetch_keys=fetch_keys
+        hdr,
+        expect,
+        subs=plan_subs,
+        merge=merge,
+        unknown_topics=unknown,
+        fetch_min_bytes=request["min_bytes"],
+        fetch_keys=fetch_keys,
+        fetch_partitions=fetch_partitions,
     )
 
 
@@ -366,7 +384,33 @@ def _rewrite_partitions(identity: Identity, body: Struct, layout: Layout, outcom
             body.pop("node_endpoints", None)
 
 
-def _finish_fetch(body: Struct, request: Struct, layout: Layout, decoded: Mapping[Hashable, Struct]) -> None:
+def _finish_fetch(
+    body: Struct,
+    request: Struct,
+    layout: Layout,
+    decoded: Mapping[Hashable, Struct],
+    waiting: set[TopicPartition],
+    marks: Mapping[TopicPartition, Marks],
+) -> dict[TopicPartition, Marks]:
+    """Session, error and budget of the merged Fetch; the marks its answers carried.
+
+    A partition whose broker has not answered yet reports the marks that
+    broker last gave for it: clients decide end-of-partition and lag from
+    them, so "unknown" (-1) would be a lie a broker never tells.
+    """
+    seen: dict[TopicPartition, Marks] = {}
+    for d in decoded.values():
+        for t in d[layout.topics]:
+            for p in t[layout.partitions]:
+                if p["error_code"] == 0:
+                    seen[(t[layout.topic_key], p["partition_index"])] = tuple(p.get(m, -1) for m in _MARKS)  # type: ignore[assignment]
+    for t in body[layout.topics]:
+        for p in t[layout.partitions]:
+            tp = (t[layout.topic_key], p["partition_index"])
+            if tp in waiting and tp in marks:
+                for name, value in zip(_MARKS, marks[tp], strict=True):
+                    if name in p:  # older versions lack the later marks
+                        p[name] = value
     body["session_id"] = 0
     body["error_code"] = next((d["error_code"] for d in decoded.values() if d.get("error_code")), 0)
     # The merged response honours the client's budget, not N brokers' budgets.
@@ -384,6 +428,7 @@ def _finish_fetch(body: Struct, request: Struct, layout: Layout, decoded: Mappin
                 p["records"] = b""
             else:
                 used += n
+    return seen
 
 
 # The answer of a sub-fetch still in flight when the Fetch is answered: its

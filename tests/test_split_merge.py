@@ -243,3 +243,60 @@ def test_whole_request_to_one_broker_is_the_clients_own_bytes() -> None:
     plan = plan_request(Context(IDENTITY, Topology(brokers=BROKERS, leaders={"t": {0: 2}}), ALL_VERSIONS), payload)
     (sub,) = plan.subs.values()
     assert request_head(sub) + struct.pack(">i", 5) + b"".join(bytes(p) for p in sub.tail) == payload
+
+
+def test_fetch_partitions_not_answered_yet_report_their_last_marks() -> None:
+    """A Fetch answered before one broker: that broker's partitions carry no records and the
+    high watermark / LSO / log start it last reported (librdkafka decides end-of-partition
+    from them); partitions never reported say -1 rather than a made-up offset."""
+    import datetime
+
+    from kio.schema.fetch.v12.request import FetchPartition, FetchRequest, FetchTopic
+
+    req = FetchRequest(
+        replica_id=-1,
+        max_wait=datetime.timedelta(milliseconds=500),
+        min_bytes=1,
+        max_bytes=1 << 20,
+        isolation_level=0,
+        session_id=0,
+        session_epoch=-1,
+        topics=(
+            FetchTopic(
+                topic="t",
+                partitions=tuple(
+                    FetchPartition(
+                        partition=i,
+                        current_leader_epoch=-1,
+                        fetch_offset=3,
+                        last_fetched_epoch=-1,
+                        log_start_offset=-1,
+                        partition_max_bytes=1 << 20,
+                    )
+                    for i in range(3)
+                ),
+            ),
+        ),
+        forgotten_topics_data=(),
+        rack_id="",
+    )  # type: ignore[arg-type]
+    topo = Topology(brokers=BROKERS, leaders={"t": {0: 1, 1: 2, 2: 2}})
+    plan = plan_request(Context(IDENTITY, topo, ALL_VERSIONS), request_payload(req, correlation_id=9))
+    assert plan.fetch_partitions == {1: frozenset({("t", 0)}), 2: frozenset({("t", 1), ("t", 2)})}
+    sub1 = schema.decode_body(schema.request_spec(1, 12), *_sub_payload(plan.subs[1]))
+    answer1 = _answer(routing.FETCH, 12, sub1, 1, 9)
+    assert plan.merge is not None
+    outcome = plan.merge({1: answer1, 2: errors.NONE}, {("t", 1): (40, 38, 2), ("t", 0): (7, 7, 7)})
+    resp = schema.decode_body(schema.response_spec(1, 12), b"".join(bytes(p) for p in outcome.body), 0)
+    parts = {p["partition_index"]: p for p in resp["responses"][0]["partitions"]}
+    assert (parts[1]["high_watermark"], parts[1]["last_stable_offset"], parts[1]["log_start_offset"]) == (40, 38, 2)
+    assert (parts[2]["high_watermark"], parts[2]["last_stable_offset"], parts[2]["log_start_offset"]) == (-1, -1, -1)
+    assert parts[0]["high_watermark"] == _marker(1, 0), "an answered partition's own marks win over remembered ones"
+    assert all(parts[i]["error_code"] == 0 and not parts[i]["records"] for i in (1, 2))
+    assert set(outcome.fetch_marks) == {("t", 0)} and outcome.fetch_marks[("t", 0)][0] == _marker(1, 0)
+
+
+def _sub_payload(sub: Any) -> tuple[bytes, int]:
+    """A sub-request's bytes and where its body starts."""
+    wire = request_head(sub) + b"\0\0\0\0" + b"".join(bytes(p) for p in sub.tail)
+    return wire, parse_request_header(wire).body_offset
