@@ -144,7 +144,7 @@ class Capture:
 
     async def run(self) -> None:
         """Write rows until cancelled; the file in progress is completed on the way out."""
-        writer = _FileWriter(self.config)
+        writer = FileWriter(self.config)
         try:
             while True:
                 batch = [await self._receive.receive()]
@@ -184,7 +184,7 @@ def _scrubbed(row: dict[str, Any]) -> dict[str, Any]:
         return {**row, "request": b"", "response": None, "subrequests": []}
 
 
-class _FileWriter:
+class FileWriter:
     """Parquet files rotated by size and age; finished ones renamed into place."""
 
     def __init__(self, config: CaptureConfig) -> None:

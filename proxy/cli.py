@@ -10,6 +10,7 @@ import signal
 import sys
 import time
 from collections.abc import Awaitable, Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 import trio
@@ -56,7 +57,58 @@ def build_parser() -> argparse.ArgumentParser:
         help="also reachable at this local address, same ports (the brokers listen on 127.0.0.1; kfan relays)",
     )
     c.add_argument("--log-level", default="INFO")
+    r = sub.add_parser(
+        "replay", help="check a capture: through the current core with Spark (--report), or against a running kfan (--target)"
+    )
+    r.add_argument("capture", metavar="DIR", help="capture directory (kfan serve --capture, or kfan capture import)")
+    r.add_argument("--report", metavar="OUT", help="run the Spark job in local mode; writes OUT.json and OUT.html")
+    r.add_argument("--master", default=None, help="Spark master for --report (default local[*])")
+    r.add_argument("--target", type=parse_address, metavar="HOST:PORT", help="send the recorded requests to this kfan and compare answers")
+    r.add_argument(
+        "--apis",
+        choices=("all", "read-only"),
+        default="all",
+        help="with --target: which recorded requests to send (read-only: metadata, fetches, offsets, describe and list requests)",
+    )
+    r.add_argument("--break", dest="broken", default=None, help=argparse.SUPPRESS)  # tests only: a deliberately broken core
+    cap = sub.add_parser("capture", help="capture files")
+    cap_sub = cap.add_subparsers(dest="capture_command", required=True)
+    imp = cap_sub.add_parser("import", help="turn a tcpdump of direct client-to-broker traffic into a capture")
+    imp.add_argument("pcap", metavar="FILE", help="pcap or pcapng file (tcpdump -w)")
+    imp.add_argument(
+        "--port", type=int, action="append", required=True, help="a broker port in the file (repeatable: brokers on several ports)"
+    )
+    imp.add_argument("--out", required=True, metavar="DIR", help="capture directory to write")
     return parser
+
+
+def _replay(args: argparse.Namespace) -> int:
+    if not args.report and not args.target:
+        raise SystemExit("kfan replay: give --report OUT (Spark job) and/or --target HOST:PORT (live replay)")
+    status = 0
+    if args.report:
+        from spark.replay import main as spark_replay
+
+        argv = [args.capture, "--report", args.report]
+        argv += ["--master", args.master] if args.master else []
+        argv += ["--break", args.broken] if args.broken else []
+        status = spark_replay(argv)
+    if args.target:
+        from .live import run
+
+        status = max(status, run(Path(args.capture), args.target, args.apis))
+    return status
+
+
+def _capture_import(args: argparse.Namespace) -> int:
+    from .pcap import import_pcap
+
+    try:
+        n = import_pcap(Path(args.pcap), set(args.port), Path(args.out))
+    except (OSError, ValueError) as e:
+        raise SystemExit(f"kfan capture import: {e}") from None
+    print(f"kfan capture import: {n} exchanges written to {args.out}")
+    return 0 if n else 1
 
 
 def _config(options: dict[str, Any], bootstrap: list[tuple[str, int]], reuse_port: bool = False) -> ServerConfig:
@@ -254,6 +306,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "cluster":
         setup_logging(args.log_level, False)
         return _cluster(args)
+    if args.command in ("replay", "capture"):
+        setup_logging("WARNING", False)
+        return _replay(args) if args.command == "replay" else _capture_import(args)
     try:
         options = config.resolve(vars(args))
     except (OSError, ValueError) as e:

@@ -24,6 +24,7 @@ import html
 import json
 import math
 import os
+import shutil
 import sys
 from pathlib import Path
 from typing import Any
@@ -56,14 +57,22 @@ def run(capture: str, report: Path, master: str | None = None) -> dict[str, Any]
     from pyspark.sql.types import BooleanType, DoubleType, IntegerType, StringType, StructField, StructType
     from pyspark.sql.window import Window
 
-    builder = SparkSession.builder.appName("kfan-replay").config("spark.ui.enabled", "false")
+    builder = (
+        SparkSession.builder.appName("kfan-replay").config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
+    )
     if master:
         builder = builder.master(master)
     spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("ERROR")
     try:
-        source = capture if "://" in capture else str(Path(capture).resolve())
         # Complete files only: the one still being written is *.parquet.inprogress.
-        exchanges = spark.read.parquet(source.rstrip("/") + "/*.parquet")
+        if "://" in capture:
+            exchanges = spark.read.parquet(capture.rstrip("/") + "/*.parquet")
+        else:
+            files = sorted(str(f) for f in Path(capture).resolve().glob("*.parquet"))
+            if not files:
+                raise SystemExit(f"kfan replay: no complete capture file (*.parquet) in {capture}")
+            exchanges = spark.read.parquet(*files)
         schema = StructType(
             [
                 StructField("api_key", IntegerType()),
@@ -171,9 +180,9 @@ def render_html(summary: dict[str, Any]) -> str:
     return f"""<!doctype html><html><head><meta charset="utf-8"><title>kfan replay</title>
 <style>body{{font-family:sans-serif;margin:2em}}table{{border-collapse:collapse}}td,th{{border:1px solid #ccc;padding:4px 8px}}</style></head>
 <body><h1>kfan replay: {html.escape(verdict)}</h1>
-<p>{summary['exchanges']} exchanges from <code>{html.escape(str(summary['capture']))}</code></p>
+<p>{summary["exchanges"]} exchanges from <code>{html.escape(str(summary["capture"]))}</code></p>
 <table><tr><th>API</th><th>key</th><th>version</th><th>exchanges</th><th>regressions</th><th>p50 ms</th><th>p90 ms</th><th>p99 ms</th><th>first regressions</th></tr>
-{''.join(rows)}</table>
+{"".join(rows)}</table>
 {_bars("Client latency (ts_end - ts_start)", latency)}
 {_bars("Fan-out width (sub-requests per exchange)", fanout)}
 </body></html>"""
@@ -190,6 +199,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--master", default=None, help="Spark master (default: spark-submit's, or local[*])")
     parser.add_argument("--break", dest="broken", default=None, help=argparse.SUPPRESS)  # tests only: a deliberately broken core
     args = parser.parse_args(argv)
+    if not os.environ.get("JAVA_HOME") and shutil.which("java") is None:
+        print(
+            "kfan replay: Spark needs a Java runtime (17 or later); install one, e.g. apt-get install -y default-jre-headless",
+            file=sys.stderr,
+        )
+        return 2
+    try:
+        import pyspark  # noqa: F401
+    except ImportError:
+        print("kfan replay: PySpark is not installed; pip install 'kfan[spark]'", file=sys.stderr)
+        return 2
     if args.broken:
         os.environ["KFAN_REPLAY_BREAK"] = args.broken  # inherited by the Python workers
     # Under spark-submit (its scripts set SPARK_ENV_LOADED) the master is spark-submit's; run directly, local mode.
@@ -197,6 +217,8 @@ def main(argv: list[str] | None = None) -> int:
     if master and master.startswith("local"):
         # Local workers run this interpreter (its venv has kio and the rest).
         os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+        # Driver and executors share this machine: no need to find a routable address.
+        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     # Executors import proxy/ and backends/ from the project in local mode.
     root = str(Path(__file__).resolve().parent.parent)
     os.environ["PYTHONPATH"] = root + os.pathsep + os.environ.get("PYTHONPATH", "")

@@ -18,14 +18,14 @@ carrying the end of kcat's stderr.
 from __future__ import annotations
 
 import json
-import os
 import re
-import shutil
 import subprocess
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
+
+from tests.apt import Unavailable, ensure_command
 
 # One consumed record: partition, offset, key, value.
 Row = tuple[int, int, bytes, bytes]
@@ -47,30 +47,12 @@ class KcatFailed(AssertionError):
     """A kcat run exited non-zero or did not finish in time."""
 
 
-def _apt(*args: str, timeout: float) -> tuple[bool, str]:
-    try:
-        env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-        done = subprocess.run(["apt-get", *args], capture_output=True, text=True, timeout=timeout, env=env)
-    except (OSError, subprocess.TimeoutExpired) as e:
-        return False, f"apt-get {' '.join(args)}: {e!r}"
-    return done.returncode == 0, f"apt-get {' '.join(args)} (exit {done.returncode}):\n{done.stdout[-2000:]}{done.stderr[-2000:]}"
-
-
 def ensure_kcat() -> str:
     """The path of a working kcat: on PATH, or installed now with apt. Raises KcatUnavailable."""
-    if found := shutil.which("kcat"):
-        return found
-    attempts: list[str] = []
-    ok, out = _apt("install", "-y", "kcat", timeout=600)
-    attempts.append(out)
-    if not ok:
-        ok, out = _apt("update", timeout=600)
-        attempts.append(out)
-        ok, out = _apt("install", "-y", "kcat", timeout=600)
-        attempts.append(out)
-    if ok and (found := shutil.which("kcat")):
-        return found
-    raise KcatUnavailable("kcat is not on PATH and `apt-get install -y kcat` did not provide it:\n\n" + "\n\n".join(attempts))
+    try:
+        return ensure_command("kcat", "kcat")
+    except Unavailable as e:
+        raise KcatUnavailable(str(e)) from None
 
 
 @dataclass

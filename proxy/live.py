@@ -1,0 +1,196 @@
+"""Live replay: send captured client requests to a running kfan and compare answers.
+
+For each captured connection (in request order) one TCP connection to the
+target; each recorded request is sent as it was (same bytes, same
+correlation id) and the answer's *structure* compared with the recorded
+one: the error codes and the names of what it answers for (topics,
+partitions, groups, resources) at every level, not offsets, timestamps,
+records or broker addresses, which legitimately change between runs.
+
+``apis="read-only"`` sends only requests that change nothing on the
+cluster (metadata, fetches, offsets and describe/list requests), so a
+capture can be replayed against production safely. A blocking socket per
+connection: this is a command-line tool, not the data path.
+"""
+
+from __future__ import annotations
+
+import socket
+import struct
+from collections import defaultdict
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from . import routing, schema
+from .frames import frame
+from .headers import response_body_offset
+from .wire import Malformed
+
+# APIs that only read: replaying them changes nothing on the cluster.
+READ_ONLY = frozenset(
+    {
+        routing.FETCH,
+        routing.LIST_OFFSETS,
+        routing.METADATA,
+        routing.OFFSET_FETCH,
+        routing.FIND_COORDINATOR,
+        routing.DESCRIBE_GROUPS,
+        routing.LIST_GROUPS,
+        routing.API_VERSIONS,
+        routing.DESCRIBE_ACLS,
+        routing.DESCRIBE_CONFIGS,
+        routing.DESCRIBE_LOG_DIRS,
+        routing.OFFSET_FOR_LEADER_EPOCH,
+        routing.LIST_PARTITION_REASSIGNMENTS,
+        routing.DESCRIBE_CLIENT_QUOTAS,
+        routing.DESCRIBE_USER_SCRAM_CREDENTIALS,
+        routing.DESCRIBE_CLUSTER,
+        routing.DESCRIBE_PRODUCERS,
+        routing.DESCRIBE_TRANSACTIONS,
+        routing.LIST_TRANSACTIONS,
+        routing.CONSUMER_GROUP_DESCRIBE,
+        routing.DESCRIBE_TOPIC_PARTITIONS,
+    }
+)
+
+# Fields that name what an entry answers for; kept in the compared structure.
+_NAMES = frozenset(
+    {
+        "name",
+        "topic",
+        "topic_id",
+        "partition_index",
+        "partition",
+        "index",
+        "group_id",
+        "transactional_id",
+        "resource_name",
+        "resource_type",
+        "key",
+        "api_key",
+    }
+)
+
+
+def structure(value: Any) -> Any:
+    """What a decoded answer says, without what legitimately changes between runs."""
+    if isinstance(value, Mapping):
+        out = {}
+        for k, v in value.items():
+            if k in _NAMES or k.endswith("error_code"):
+                out[k] = str(v) if not isinstance(v, int | str) else v
+            elif isinstance(v, Mapping | list):
+                inner = structure(v)
+                if inner:
+                    out[k] = inner
+        return out
+    if isinstance(value, list):
+        inner = [structure(v) for v in value]
+        return inner if any(inner) else []
+    return None
+
+
+@dataclass
+class Mismatch:
+    conn_id: str
+    correlation_id: int
+    api_key: int
+    api_version: int
+    detail: str
+
+
+@dataclass
+class LiveReport:
+    sent: int = 0
+    skipped: int = 0
+    mismatches: list[Mismatch] = field(default_factory=list)
+
+
+def _first_difference(a: Any, b: Any, path: str = "") -> str:
+    if isinstance(a, dict) and isinstance(b, dict):
+        for k in list(a) + [k for k in b if k not in a]:
+            if a.get(k) != b.get(k):
+                return _first_difference(a.get(k), b.get(k), f"{path}.{k}")
+    if isinstance(a, list) and isinstance(b, list):
+        if len(a) != len(b):
+            return f"{path or '.'}: {len(a)} entries recorded, {len(b)} now"
+        for i, (x, y) in enumerate(zip(a, b, strict=True)):
+            if x != y:
+                return _first_difference(x, y, f"{path}[{i}]")
+    return f"{path or '.'}: recorded {a!r}, now {b!r}"
+
+
+def _decode(payload: bytes, api_key: int, api_version: int) -> Any:
+    return schema.decode_body(
+        schema.response_spec(api_key, api_version), payload, response_body_offset(payload, api_key, api_version), allow_trailing=True
+    )
+
+
+def _read_frame(sock: socket.socket) -> bytes:
+    def exactly(n: int) -> bytes:
+        buf = bytearray()
+        while len(buf) < n:
+            chunk = sock.recv(n - len(buf))
+            if not chunk:
+                raise ConnectionError("the target closed the connection")
+            buf += chunk
+        return bytes(buf)
+
+    (size,) = struct.unpack(">i", exactly(4))
+    return exactly(size)
+
+
+def _connections(rows: list[dict[str, Any]]) -> Iterator[tuple[str, list[dict[str, Any]]]]:
+    by_conn: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for row in rows:
+        by_conn[row["conn_id"]].append(row)
+    for conn_id, exchanges in sorted(by_conn.items()):
+        yield conn_id, sorted(exchanges, key=lambda r: r["ts_start"])
+
+
+def replay_live(rows: list[dict[str, Any]], target: tuple[str, int], apis: str = "all", timeout: float = 30.0) -> LiveReport:
+    report = LiveReport()
+    for conn_id, exchanges in _connections(rows):
+        chosen = [r for r in exchanges if r["request"] and (apis == "all" or r["api_key"] in READ_ONLY)]
+        report.skipped += len(exchanges) - len(chosen)
+        if not chosen:
+            continue
+        with socket.create_connection(target, timeout=timeout) as sock:
+            for r in chosen:
+                key, version, cid = r["api_key"], r["api_version"], r["correlation_id"]
+                sock.sendall(frame([r["request"]]))
+                report.sent += 1
+                if r["response"] is None:
+                    continue
+                try:
+                    answer = _read_frame(sock)
+                except (OSError, ConnectionError) as e:
+                    report.mismatches.append(Mismatch(conn_id, cid, key, version, f"no answer: {e}"))
+                    break
+                if struct.unpack_from(">i", answer)[0] != cid:
+                    report.mismatches.append(Mismatch(conn_id, cid, key, version, "answer carries another correlation id"))
+                    break
+                try:
+                    recorded, now = structure(_decode(r["response"], key, version)), structure(_decode(answer, key, version))
+                except (Malformed, ValueError) as e:
+                    report.mismatches.append(Mismatch(conn_id, cid, key, version, f"answer does not decode: {e}"))
+                    continue
+                if recorded != now:
+                    report.mismatches.append(Mismatch(conn_id, cid, key, version, _first_difference(recorded, now)))
+    return report
+
+
+def run(capture: Path, target: tuple[str, int], apis: str) -> int:
+    from .capture import read_capture
+
+    rows = read_capture(capture).to_pylist()
+    report = replay_live(rows, target, apis)
+    print(
+        f"kfan replay --target {target[0]}:{target[1]}: {report.sent} requests sent, {report.skipped} skipped "
+        f"({apis}), {len(report.mismatches)} answers differ"
+    )
+    for m in report.mismatches[:20]:
+        print(f"  differs: {routing.api_name(m.api_key)} v{m.api_version} {m.conn_id}#{m.correlation_id}: {m.detail}")
+    return 1 if report.mismatches else 0
