@@ -74,9 +74,23 @@ def _kio_decodes(payload: bytes, api_key: int, api_version: int, response: bool,
     return None
 
 
-def _double_prefix(payload: bytes) -> bool:
-    """A frame payload that starts with its own length: a size prefix added twice."""
-    return len(payload) >= 4 and struct.unpack_from(">i", payload)[0] == len(payload) - 4
+def _double_prefix(payload: bytes, api_key: int, api_version: int, response_to: int | None = None) -> bool:
+    """A frame payload that starts with its own length and then a whole frame: a size prefix added twice.
+
+    The length alone is not proof (a 10-byte Heartbeat answer to correlation id
+    6 starts with 6): what follows must be this request's header, or for a
+    response (``response_to``: the correlation id it answers) that id.
+    """
+    if len(payload) < 8 or struct.unpack_from(">i", payload)[0] != len(payload) - 4:
+        return False
+    if response_to is not None:
+        return struct.unpack_from(">i", payload, 4)[0] == response_to
+    return struct.unpack_from(">hh", payload, 4) == (api_key, api_version)
+
+
+def _cid_of(request: bytes) -> int | None:
+    """The correlation id of a request payload (None when it is too short to hold one)."""
+    return struct.unpack_from(">i", request, 4)[0] if request and len(request) >= 8 else None
 
 
 def hexdiff(a: bytes, b: bytes, width: int = 16) -> str:
@@ -111,13 +125,14 @@ def check_exchange(row: Mapping[str, Any]) -> Result:
     # bytes (librdkafka's Metadata v13 requests, the mock's Metadata answers).
     # An imported tcpdump (proxy.pcap) has no kfan frames.
     by_kfan = topo_doc.get("source") != "pcap"
-    recorded_frames = [("request", request, False, False), ("response", response, True, by_kfan)]
-    recorded_frames += [(f"sub-request to {s['broker']}", s["request"], False, False) for s in subs_recorded]
-    recorded_frames += [(f"sub-response from {s['broker']}", s["response"], True, False) for s in subs_recorded]
-    for name, payload, is_response, strict in recorded_frames:
+    client_cid = int(row["correlation_id"])
+    recorded_frames = [("request", request, False, False, None), ("response", response, True, by_kfan, client_cid)]
+    recorded_frames += [(f"sub-request to {s['broker']}", s["request"], False, False, None) for s in subs_recorded]
+    recorded_frames += [(f"sub-response from {s['broker']}", s["response"], True, False, _cid_of(s["request"])) for s in subs_recorded]
+    for name, payload, is_response, strict, response_to in recorded_frames:
         if payload is None:
             continue
-        if _double_prefix(payload):
+        if _double_prefix(payload, api_key, api_version, response_to):
             add(Finding("one size prefix", f"{name} starts with its own length"))
             continue
         if (err := _kio_decodes(payload, api_key, api_version, is_response, strict)) is not None:
@@ -141,7 +156,7 @@ def check_exchange(row: Mapping[str, Any]) -> Result:
         if BREAK == "double-prefix":
             wire = frames.frame([wire])
         payload = wire[4:]
-        if _double_prefix(payload):
+        if _double_prefix(payload, api_key, api_version):
             add(Finding("one size prefix", f"replayed sub-request to {b} starts with its own length"))
             return result
         replayed[b] = payload[:4] + payload[8:]

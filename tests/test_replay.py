@@ -1,0 +1,275 @@
+"""Replay of captured traffic: the Spark job, the live replay and the tcpdump import.
+
+Real client traffic (produce, consume in a group with commits; confluent-kafka
+and kafka-python) goes through kfan in front of the 3-broker mock, and admin
+calls (which the mock lacks) through kfan in front of Tansu, both with
+``--capture`` into one directory. Then:
+
+- ``kfan replay DIR --report OUT`` (PySpark, local mode) finds no regression
+  and writes the JSON and HTML report;
+- the same capture through each deliberately broken core (a split that drops
+  a partition, a double size prefix, swapped responses) exits non-zero and
+  names exchanges that the break really affects;
+- ``kfan replay DIR --target`` against a running kfan gets the same answers
+  (read-only requests), and against a kfan in front of a cluster without the
+  topic reports the differences;
+- the same traffic recorded with tcpdump directly between clients and
+  brokers, imported with ``kfan capture import``, replays cleanly.
+
+Spark needs Java; it is installed with apt when missing (tests/apt.py), as is tcpdump.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import signal
+import struct
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from confluent_kafka import Consumer, Producer
+from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
+from kafka import KafkaConsumer, KafkaProducer, TopicPartition
+
+from backends.mock import MockCluster
+from backends.tansu import Tansu
+from proxy.capture import read_capture
+from tests.apt import ensure_command
+from tests.conftest import start_kfan
+
+KFAN = str(Path(sys.executable).parent / "kfan")
+RECORDS = 300
+KP_RECORDS = 60
+_REGRESSED = re.compile(r"regressed: api_key (\d+) v(\d+) (\S+)#(-?\d+):")
+
+
+def traffic(bootstrap: str, topic: str) -> None:
+    """Produce, consume in a group and commit, with two client libraries."""
+    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 10, "enable.idempotence": True})
+    for i in range(RECORDS):
+        producer.produce(topic, key=f"k{i % 17}".encode(), value=f"v{i}".encode())
+    assert producer.flush(20) == 0
+    # librdkafka sends one partition per Produce; kafka-python batches partitions per broker.
+    kp_producer = KafkaProducer(bootstrap_servers=bootstrap, linger_ms=50)
+    for i in range(KP_RECORDS):
+        kp_producer.send(topic, key=f"k{i % 17}".encode(), value=f"kp{i}".encode())
+    kp_producer.flush(20)
+    kp_producer.close()
+    group = f"replay-{uuid.uuid4().hex[:8]}"
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": group,
+            "auto.offset.reset": "earliest",
+            "session.timeout.ms": 6000,
+            "enable.auto.commit": False,
+        }
+    )
+    consumer.subscribe([topic])
+    got = 0
+    deadline = time.monotonic() + 40
+    while got < RECORDS + KP_RECORDS and time.monotonic() < deadline:
+        got += sum(1 for m in consumer.consume(200, timeout=0.5) if m.error() is None)
+    assert got == RECORDS + KP_RECORDS
+    consumer.commit(asynchronous=False)
+    consumer.close()
+    kp = KafkaConsumer(bootstrap_servers=bootstrap, auto_offset_reset="earliest", consumer_timeout_ms=3000)
+    kp.assign([TopicPartition(topic, p) for p in range(6)])
+    assert sum(len(v) for v in kp.poll(timeout_ms=3000, max_records=RECORDS).values()) > 0
+    kp.end_offsets([TopicPartition(topic, p) for p in range(6)])
+    kp.close()
+
+
+def admin_traffic(bootstrap: str) -> None:
+    """The admin calls operators make (the mock lacks these APIs; this runs against Tansu)."""
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    topic = f"replay-admin-{uuid.uuid4().hex[:8]}"
+    for f in admin.create_topics([NewTopic(topic, 3, 1)], operation_timeout=10).values():
+        f.result(20)
+    for f in admin.describe_configs([ConfigResource(ConfigResource.Type.TOPIC, topic)]).values():
+        f.result(20)
+    producer = Producer({"bootstrap.servers": bootstrap})
+    producer.produce(topic, b"x")
+    assert producer.flush(20) == 0
+    group = f"replay-admin-{uuid.uuid4().hex[:8]}"
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": group, "auto.offset.reset": "earliest", "session.timeout.ms": 6000})
+    consumer.subscribe([topic])
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and not any(m.error() is None for m in consumer.consume(10, timeout=0.5)):
+        pass
+    consumer.commit(asynchronous=False)
+    consumer.close()
+    admin.list_consumer_groups().result(20)
+    admin.describe_consumer_groups([group])[group].result(20)
+    for f in admin.delete_topics([topic], operation_timeout=10).values():
+        f.result(20)
+
+
+@dataclass
+class Captured:
+    cluster: MockCluster
+    topic: str
+    directory: Path  # every capture file: the mock's and Tansu's
+    mock_directory: Path  # the mock's only (live replay goes to kfan in front of the same mock)
+    rows: list[dict[str, Any]]
+    mock_rows: list[dict[str, Any]]
+
+
+@pytest.fixture(scope="module")
+def captured(tmp_path_factory: pytest.TempPathFactory, tansu: Tansu) -> Iterator[Captured]:
+    """kfan in front of the 3-broker mock, and kfan in front of Tansu for the admin calls, both capturing."""
+    on_tansu, on_mock, everything = (tmp_path_factory.mktemp(n) for n in ("capture-tansu", "capture-mock", "capture"))
+    k = start_kfan(tansu.bootstrap, "--capture", str(on_tansu))
+    admin_traffic(k.bootstrap)
+    assert k.stop() == 0
+    with MockCluster() as cluster:
+        topic = f"replay-{uuid.uuid4().hex[:8]}"
+        cluster.create_topic(topic, 6, leaders=[1, 2, 3, 1, 2, 3])
+        k = start_kfan(cluster.bootstrap, "--capture", str(on_mock))
+        traffic(k.bootstrap, topic)
+        assert k.stop() == 0
+        for f in [*on_tansu.glob("*.parquet"), *on_mock.glob("*.parquet")]:
+            shutil.copy(f, everything / f.name)
+        rows = read_capture(everything).to_pylist()
+        yield Captured(cluster, topic, everything, on_mock, rows, read_capture(on_mock).to_pylist())
+
+
+@pytest.fixture(scope="module")
+def java() -> str:
+    return ensure_command("java", "default-jre-headless")
+
+
+def kfan_replay(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([KFAN, "replay", *args], capture_output=True, text=True, timeout=timeout)
+
+
+def test_capture_holds_every_kind_of_traffic(captured: Captured) -> None:
+    keys = {r["api_key"] for r in captured.rows}
+    # Produce, Fetch, ListOffsets, Metadata, OffsetCommit, OffsetFetch, FindCoordinator,
+    # JoinGroup, SyncGroup, ListGroups, DescribeGroups or ConsumerGroupDescribe, CreateTopics, DeleteTopics, InitProducerId, DescribeConfigs.
+    assert {0, 1, 2, 3, 8, 9, 10, 11, 14, 16, 19, 20, 22, 32} <= keys and keys & {15, 69}, sorted(keys)
+    assert any(len(r["subrequests"]) == 3 for r in captured.rows if r["api_key"] == 0), "no Produce fanned out to all three brokers"
+
+
+def test_spark_replay_of_real_traffic_finds_no_regression(captured: Captured, java: str, tmp_path: Path) -> None:
+    out = kfan_replay(str(captured.directory), "--report", str(tmp_path / "report"))
+    assert out.returncode == 0, out.stdout + out.stderr[-3000:]
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert report["exchanges"] == len(captured.rows)
+    assert report["regressions"] == 0
+    per_api = {(a["api_key"], a["api_version"]): a for a in report["apis"]}
+    assert sum(a["exchanges"] for a in per_api.values()) == len(captured.rows)
+    produce = [a for (k, _), a in per_api.items() if k == 0]
+    assert produce and all(a["latency_ms"]["p50"] is not None and a["latency_ms"]["p50"] >= 0 for a in produce)
+    assert {f["width"] for f in report["fanout"] if f["api_key"] == 0} >= {3}
+    assert sum(b["count"] for b in report["latency_histogram_ms"]) == len(captured.rows)
+    html = (tmp_path / "report.html").read_text()
+    assert "kfan replay: no regressions" in html and html.count("<svg") == 2
+
+
+@pytest.mark.parametrize("broken", ["drop-partition", "double-prefix", "swap-responses"])
+def test_broken_core_makes_the_job_fail_and_name_the_exchanges(captured: Captured, java: str, tmp_path: Path, broken: str) -> None:
+    out = kfan_replay(str(captured.directory), "--report", str(tmp_path / "report"), "--break", broken)
+    assert out.returncode == 1, out.stdout + out.stderr[-3000:]
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert report["regressions"] > 0
+    named = _REGRESSED.findall(out.stdout)
+    assert named, out.stdout
+    rows = {(r["conn_id"], r["correlation_id"]): r for r in captured.rows}
+    for key, version, conn, cid in named:
+        row = rows[(conn, int(cid))]
+        assert (row["api_key"], row["api_version"]) == (int(key), int(version))
+        # Only exchanges the break can affect are named: partition-keyed ones, with
+        # a response to compare; swapping needs two brokers' answers.
+        assert row["api_key"] in (0, 1, 2, 21, 23, 61) and row["response"] is not None
+        if broken == "swap-responses":
+            assert len(row["subrequests"]) > 1
+    kinds = {f[0] for a in report["apis"] for e in a["examples"] for f in e["findings"]}
+    assert {"drop-partition": "split", "double-prefix": "one size prefix", "swap-responses": "merge"}[broken] in kinds, kinds
+
+
+def test_live_replay_gets_the_same_answers_from_a_running_kfan(captured: Captured) -> None:
+    k = start_kfan(captured.cluster.bootstrap)
+    try:
+        out = kfan_replay(str(captured.mock_directory), "--target", k.bootstrap, "--apis", "read-only")
+    finally:
+        k.stop()
+    assert out.returncode == 0, out.stdout + out.stderr[-3000:]
+    sent = int(re.search(r"(\d+) requests sent", out.stdout).group(1))  # type: ignore[union-attr]
+    assert sent >= sum(1 for r in captured.mock_rows if r["api_key"] in (1, 3)), out.stdout
+    assert "0 answers differ" in out.stdout
+
+
+def test_live_replay_reports_answers_that_changed(captured: Captured) -> None:
+    with MockCluster() as other:  # the topic does not exist there
+        k = start_kfan(other.bootstrap)
+        try:
+            out = kfan_replay(str(captured.mock_directory), "--target", k.bootstrap, "--apis", "read-only")
+        finally:
+            k.stop()
+    assert out.returncode == 1, out.stdout + out.stderr[-3000:]
+    assert "differs: " in out.stdout and "error_code" in out.stdout, out.stdout
+
+
+def test_tcpdump_of_direct_traffic_imports_and_replays_cleanly(captured: Captured, java: str, tmp_path: Path) -> None:
+    tcpdump = ensure_command("tcpdump", "tcpdump")
+    cluster = captured.cluster
+    ports = [int(a.rsplit(":", 1)[1]) for a in cluster.bootstrap.split(",")]
+    topic = f"direct-{uuid.uuid4().hex[:8]}"
+    cluster.create_topic(topic, 6, leaders=[1, 2, 3, 1, 2, 3])
+    pcap = tmp_path / "direct.pcap"
+    dump = subprocess.Popen(
+        [tcpdump, "-i", "lo", "-U", "-s", "0", "-w", str(pcap), " or ".join(f"tcp port {p}" for p in ports)],
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 10
+        while not pcap.exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        time.sleep(0.5)  # tcpdump creates the file, then attaches the filter
+        traffic(cluster.bootstrap, topic)
+    finally:
+        time.sleep(0.5)
+        dump.send_signal(signal.SIGINT)
+        _, err = dump.communicate(timeout=10)
+    assert " 0 packets dropped by kernel" in err, err
+    out_dir = tmp_path / "imported"
+    imported = subprocess.run(
+        [KFAN, "capture", "import", str(pcap), *[a for p in ports for a in ("--port", str(p))], "--out", str(out_dir)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert imported.returncode == 0, imported.stdout + imported.stderr
+    rows = read_capture(out_dir).to_pylist()
+    produce = [r for r in rows if r["api_key"] == 0]
+    fetch = [r for r in rows if r["api_key"] == 1 and r["response"] is not None]
+    assert produce and fetch, sorted({r["api_key"] for r in rows})
+    assert {r["subrequests"][0]["broker"] for r in produce} == {1, 2, 3}, "produce requests go to every leader directly"
+    out = kfan_replay(str(out_dir), "--report", str(tmp_path / "report"))
+    assert out.returncode == 0, out.stdout + out.stderr[-3000:]
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert report["exchanges"] == len(rows) and report["regressions"] == 0
+
+
+def test_double_prefix_is_told_from_a_correlation_id_equal_to_the_length() -> None:
+    """A 10-byte Heartbeat v3 answer to correlation id 6 starts with 6 = its length - 4: not a double prefix."""
+    from proxy.frames import frame
+    from proxy.replay import _double_prefix
+
+    answer = struct.pack(">iih", 6, 0, 0)
+    assert not _double_prefix(answer, 12, 3, response_to=6)
+    assert _double_prefix(frame([answer]), 12, 3, response_to=6)
+    request = struct.pack(">hhi", 12, 3, 10) + b"\x00\x01c" + b"group-1234"
+    assert not _double_prefix(request, 12, 3)
+    assert _double_prefix(frame([request]), 12, 3)
