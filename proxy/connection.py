@@ -43,6 +43,7 @@ from .core import (
     Plan,
     Target,
     Unsupported,
+    answer_marks,
     fetch_satisfied,
     plan_request,
 )
@@ -387,7 +388,8 @@ class ClientConnection:
                     ):
                         # An earlier Fetch's sub-fetch came back empty inside this
                         # one's max_wait: ask that broker again, as a broker would
-                        # keep waiting for new data.
+                        # keep waiting for new data. Its marks are news all the same.
+                        self._marks.update(answer_marks(plan.header, answer))
                         again = self._refetch(plan, target)
                         if again is not None:
                             current[target] = again

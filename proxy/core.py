@@ -384,6 +384,24 @@ def _rewrite_partitions(identity: Identity, body: Struct, layout: Layout, outcom
             body.pop("node_endpoints", None)
 
 
+def _marks_of(answer: Struct, layout: Layout) -> dict[TopicPartition, Marks]:
+    """The marks of every error-free partition of a decoded Fetch answer."""
+    return {
+        (t[layout.topic_key], p["partition_index"]): tuple(p.get(m, -1) for m in _MARKS)  # type: ignore[misc]
+        for t in answer[layout.topics]
+        for p in t[layout.partitions]
+        if p["error_code"] == 0
+    }
+
+
+def answer_marks(hdr: RequestHeader, answer: Answer) -> dict[TopicPartition, Marks]:
+    """The marks a broker's Fetch answer carries (none when it failed)."""
+    if isinstance(answer, int):
+        return {}
+    _, layout = layouts(routing.FETCH, hdr.api_version)
+    return _marks_of(decode_answer(hdr, answer), layout)
+
+
 def _finish_fetch(
     body: Struct,
     request: Struct,
@@ -400,10 +418,7 @@ def _finish_fetch(
     """
     seen: dict[TopicPartition, Marks] = {}
     for d in decoded.values():
-        for t in d[layout.topics]:
-            for p in t[layout.partitions]:
-                if p["error_code"] == 0:
-                    seen[(t[layout.topic_key], p["partition_index"])] = tuple(p.get(m, -1) for m in _MARKS)  # type: ignore[assignment]
+        seen.update(_marks_of(d, layout))
     for t in body[layout.topics]:
         for p in t[layout.partitions]:
             tp = (t[layout.topic_key], p["partition_index"])
