@@ -143,25 +143,37 @@ class Capture:
             metrics.CAPTURE_DROPPED.inc()
 
     async def run(self) -> None:
-        """Write rows until cancelled; the file in progress is completed on the way out."""
+        """Write rows until cancelled; rows still queued then, and the file in progress, are completed on the way out."""
         writer = FileWriter(self.config)
+        batch: list[dict[str, Any]] = []
         try:
             while True:
-                batch = [await self._receive.receive()]
+                batch.append(await self._receive.receive())
                 with trio.move_on_after(0.5):
                     while len(batch) < 1000:
                         batch.append(await self._receive.receive())
-                while True:  # whatever else is queued right now
-                    try:
-                        batch.append(self._receive.receive_nowait())
-                    except trio.WouldBlock:
-                        break
-                if self.config.records == "none":
-                    batch = [_scrubbed(r) for r in batch]
-                await trio.to_thread.run_sync(writer.write, batch)
-                self.written += len(batch)
+                self._take_queued(batch)
+                rows, batch = batch, []
+                # Not abandoned on cancel: a write in progress finishes first.
+                await trio.to_thread.run_sync(self._write, writer, rows)
         finally:
+            self._take_queued(batch)
+            if batch:
+                self._write(writer, batch)
             writer.close()
+
+    def _take_queued(self, batch: list[dict[str, Any]]) -> None:
+        while True:
+            try:
+                batch.append(self._receive.receive_nowait())
+            except (trio.WouldBlock, trio.ClosedResourceError, trio.EndOfChannel):
+                return
+
+    def _write(self, writer: FileWriter, rows: list[dict[str, Any]]) -> None:
+        if self.config.records == "none":
+            rows = [_scrubbed(r) for r in rows]
+        writer.write(rows)
+        self.written += len(rows)
 
 
 def _scrubbed(row: dict[str, Any]) -> dict[str, Any]:

@@ -60,7 +60,6 @@ def _asks(frame_without_cid: bytes) -> set[tuple[object, int, int]]:
 def _run(cluster: MockCluster, topic: str, directory: Path, *extra: str) -> list[dict]:
     k = start_kfan(cluster.bootstrap, "--capture", str(directory), *extra)
     _traffic(k.bootstrap, topic)
-    time.sleep(1.0)  # the writer batches for up to 0.5 s
     assert k.stop() == 0
     rows = read_capture(directory).to_pylist()
     assert rows, "nothing captured"
