@@ -19,6 +19,7 @@ import trio
 from proxy import errors, metrics, routing, schema
 from proxy.core import Coordinator, SubRequest, advertised_versions
 from proxy.headers import request_header_tail, response_body_offset
+from proxy.wire import Malformed
 
 from .link import Link, LinkError
 from .topology import Topology
@@ -65,6 +66,7 @@ class Cluster:
         self._refreshed = trio.Event()
         self._links: dict[Any, Link] = {}
         self._nursery: trio.Nursery | None = None
+        self._probing: set[int] = set()
 
     # --- lifecycle -------------------------------------------------------
 
@@ -113,6 +115,7 @@ class Cluster:
                 self._set_reachable(node_id, False)
                 log.warning("broker %s at %s:%s is unreachable: %s", node_id, broker.host, broker.port, e)
         self.api_versions = advertised_versions(list(self.broker_versions.values()))
+        self._note_absent()
         self.refreshed_at = trio.current_time()
         metrics.REFRESHES.labels("ok").inc()
         up = sorted(k for k, v in self.reachable.items() if v)
@@ -144,12 +147,49 @@ class Cluster:
             self.refreshes += 1
             self.refreshed_at = trio.current_time()
             metrics.REFRESHES.labels("ok").inc()
+            self._note_absent()
+            self._probe_brokers()
             break
         else:
             metrics.REFRESHES.labels("failed").inc()
             log.warning("topology refresh failed: no broker answered")
         done, self._refreshed = self._refreshed, trio.Event()
         done.set()
+
+    def _note_absent(self) -> None:
+        """Brokers missing from the metadata (it lists live brokers only) are unreachable."""
+        absent = self.topology.absent_leaders()
+        for node_id in sorted(absent):
+            if self.reachable.get(node_id) is not False:
+                log.warning("broker %s leads %d partitions but is not in the cluster's metadata (down?)", node_id, absent[node_id])
+        gone = {b for b in self.reachable if b not in self.topology.brokers}
+        for node_id in sorted(gone | set(absent)):
+            self._set_reachable(node_id, False)
+
+    def _probe_brokers(self) -> None:
+        """Ask every known broker for its API versions, in the background: this keeps
+        reachability true for each broker (not just the one that answered Metadata),
+        and learns the versions of brokers that were down when kfan started."""
+        assert self._nursery is not None
+        for node_id, broker in self.topology.brokers.items():
+            if node_id not in self._probing:
+                self._probing.add(node_id)
+                self._nursery.start_soon(self._probe, node_id, broker.host, broker.port)
+
+    async def _probe(self, node_id: int, host: str, port: int) -> None:
+        try:
+            versions = await self._api_versions(node_id, host, port)
+        except (LinkError, trio.TooSlowError, OSError, Malformed) as e:
+            if self.reachable.get(node_id) is not False:
+                log.warning("broker %s at %s:%s is unreachable: %s", node_id, host, port, e)
+            self._set_reachable(node_id, False)
+        else:
+            if self.broker_versions.get(node_id) != versions:
+                self.broker_versions[node_id] = versions
+                self.api_versions = advertised_versions(list(self.broker_versions.values()))
+            self._set_reachable(node_id, True)
+        finally:
+            self._probing.discard(node_id)
 
     async def _age_loop(self) -> None:
         while True:

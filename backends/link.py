@@ -33,7 +33,7 @@ class LinkError(Exception):
 class Pending:
     """A request's answer to come: the response payload, or a :class:`LinkError`."""
 
-    __slots__ = ("_done", "_value", "sent", "done_at", "created_at", "request", "broker")
+    __slots__ = ("_done", "_value", "sent", "written", "done_at", "created_at", "request", "broker")
 
     def __init__(self) -> None:
         self._done = trio.Event()
@@ -43,6 +43,9 @@ class Pending:
         self.created_at = trio.current_time()
         self.request: bytes | None = None  # the frame sent, kept only for traffic capture
         self.broker = -1
+        # Whether the request may have reached the broker: its bytes started
+        # out on the socket. One that failed before that cannot have been acted on.
+        self.written = False
 
     def set(self, value: bytes | LinkError) -> None:
         if not self._done.is_set():
@@ -154,6 +157,7 @@ class Link:
     async def _write(self, stream: trio.SocketStream) -> None:
         sent = metrics.BYTES.labels("broker_out")
         async for data, pending in self._queue:
+            pending.written = True
             await stream.send_all(data)
             sent.inc(len(data))
             pending.sent.set()

@@ -41,6 +41,19 @@ class Topology:
             return None
         return leader
 
+    def absent_leaders(self) -> dict[int, int]:
+        """Broker ids that lead partitions but are not among the brokers -> how many partitions each leads.
+
+        Metadata lists live brokers only: a broker that is down still leads its
+        partitions (until the controller moves them) but has no address.
+        """
+        out: dict[int, int] = {}
+        for partitions in self.leaders.values():
+            for leader in partitions.values():
+                if leader != NO_LEADER and leader not in self.brokers:
+                    out[leader] = out.get(leader, 0) + 1
+        return out
+
     def topic_name(self, topic_id: uuid.UUID) -> str | None:
         return self.topic_ids.get(topic_id)
 

@@ -44,6 +44,7 @@ from .core import (
     Target,
     Unsupported,
     answer_marks,
+    broker_failure_code,
     fetch_satisfied,
     plan_request,
 )
@@ -196,6 +197,8 @@ class ClientConnection:
             self._inflight += 1
             await send.send(slot)
             if plan.reply is not None:
+                for (code, broker), n in plan.reply_errors.items():
+                    metrics.ERRORS.labels(str(code), str(broker)).inc(n)
                 self._answer(slot, plan, plan.reply if plan.expect_response else None)
                 continue
             submitted_at = trio.current_time()
@@ -335,7 +338,7 @@ class ClientConnection:
                     metrics.BROKER_LATENCY.labels(_broker_label(target), str(plan.header.api_key)).observe(p.done_at - p.created_at)
             except LinkError as e:
                 log.info("client %s: %s", self.id, e)
-                answer = errors.NETWORK_EXCEPTION
+                answer = broker_failure_code(plan.header.api_key, p.written)
                 if target is ANY:
                     self._home = None
                 self.cluster.request_refresh()

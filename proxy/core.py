@@ -100,6 +100,7 @@ class Plan:
     subs: dict[Target, SubRequest] = field(default_factory=dict)
     merge: Merge | None = None
     unknown_topics: set[TopicKey] = field(default_factory=set)  # named but not in the topology
+    reply_errors: dict[tuple[int, int], int] = field(default_factory=dict)  # a local reply's errors, as Outcome.errors
     hold_ms: int = 0  # how long the request itself lets a broker hold it before answering
     fetch_min_bytes: int | None = None  # a Fetch: answer once this much data (or an error) is in
     fetch_keys: dict[Target, Hashable] = field(default_factory=dict)  # per sub-fetch, what it asks, order aside
@@ -325,7 +326,8 @@ def _plan_partitioned(ctx: Context, hdr: RequestHeader, payload: memoryview, req
     unknown = {tp[0] for tp, code in unroutable_codes.items() if code != errors.NOT_LEADER_OR_FOLLOWER}
     if not plan_subs:
         # Nothing routable: answer at once with per-partition errors.
-        return Plan(hdr, expect, reply=merge({}).body if expect else [], unknown_topics=unknown)
+        local = merge({})
+        return Plan(hdr, expect, reply=local.body if expect else [], unknown_topics=unknown, reply_errors=local.errors)
     if api_key != routing.FETCH:
         return Plan(hdr, expect, subs=plan_subs, merge=merge, unknown_topics=unknown)
     fetch_keys: dict[Target, Hashable] = {t: fetch_key(sub, req_layout) for t, sub in subs.items()}
@@ -444,6 +446,26 @@ def _finish_fetch(
             else:
                 used += n
     return seen
+
+
+def broker_failure_code(api_key: int, written: bool) -> int:
+    """The error to report for a sub-request whose broker connection failed before it answered.
+
+    ``written``: the request's bytes had started out to the broker, so it may have acted on it.
+    NETWORK_EXCEPTION is the general answer, but two clients' paths need better:
+    librdkafka fails a produced batch for good on NETWORK_EXCEPTION, and hands it
+    from a Fetch to the application as a consumer error (the Java consumer
+    throws on any Fetch code it does not expect). So a Produce that reached
+    the broker gets REQUEST_TIMED_OUT ("maybe written", retried by every
+    client), one that never left kfan NOT_LEADER_OR_FOLLOWER ("not written",
+    refresh and retry), and a Fetch NOT_LEADER_OR_FOLLOWER, which every
+    consumer handles quietly by refreshing its metadata and fetching again.
+    """
+    if api_key == routing.PRODUCE:
+        return errors.REQUEST_TIMED_OUT if written else errors.NOT_LEADER_OR_FOLLOWER
+    if api_key == routing.FETCH:
+        return errors.NOT_LEADER_OR_FOLLOWER
+    return errors.NETWORK_EXCEPTION
 
 
 # The answer of a sub-fetch still in flight when the Fetch is answered: its
@@ -814,13 +836,28 @@ def _topics_as_kfan(node: int, topics: list[Struct]) -> list[Struct]:
 
 
 def rewrite_metadata(identity: Identity, response: Struct, broker_base: Struct | None = None) -> Struct:
-    """kfan as the only broker: every leader, replica and controller is kfan."""
+    """kfan as the only broker: every leader, replica and controller is kfan.
+
+    Except a leader that is not among the answer's brokers: Metadata lists live
+    brokers only, so that partition's leader is down and kfan cannot reach it
+    either. It is reported as Kafka reports an offline partition (no leader,
+    LEADER_NOT_AVAILABLE), so that clients wait for a leader instead of
+    sending kfan requests it can only refuse.
+    """
     out = dict(response)
+    live = {b["node_id"] for b in response["brokers"]}
     out["brokers"] = [_broker_entry(identity, broker_base)]
     if "controller_id" in out:
         out["controller_id"] = identity.node_id
-    out["topics"] = _topics_as_kfan(identity.node_id, response["topics"])
+    topics = [{**t, "partitions": [_without_absent_leader(p, live) for p in t["partitions"]]} for t in response["topics"]]
+    out["topics"] = _topics_as_kfan(identity.node_id, topics)
     return out
+
+
+def _without_absent_leader(p: Struct, live: set[int]) -> Struct:
+    if p.get("leader_id", -1) < 0 or p["leader_id"] in live:
+        return p
+    return {**p, "leader_id": -1, "error_code": p.get("error_code") or errors.LEADER_NOT_AVAILABLE}
 
 
 def rewrite_describe_topic_partitions(identity: Identity, response: Struct) -> Struct:

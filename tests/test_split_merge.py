@@ -203,10 +203,17 @@ def test_metadata_answers_name_only_kfan(data: st.DataObject) -> None:
     assert [(b.node_id, b.host, b.port) for b in out.brokers] == [(42, "kfan.example", 19092)]
     if hasattr(out, "controller_id"):
         assert out.controller_id == 42
+    live = {b.node_id for b in resp.brokers}
     for t, t0 in zip(out.topics, resp.topics, strict=True):
         assert t.name == t0.name and len(t.partitions) == len(t0.partitions)
         for p, p0 in zip(t.partitions, t0.partitions, strict=True):
-            assert p.leader_id == (42 if p0.leader_id >= 0 else p0.leader_id)
+            if p0.leader_id >= 0 and p0.leader_id not in live:
+                # Led by a broker the answer does not list (down): offline, as Kafka reports it.
+                assert p.leader_id == -1
+                assert p.error_code.value == (p0.error_code.value or errors.LEADER_NOT_AVAILABLE)
+            else:
+                assert p.leader_id == (42 if p0.leader_id >= 0 else p0.leader_id)
+                assert p.error_code == p0.error_code
             assert set(p.replica_nodes) <= {42} and len(p.replica_nodes) == len(p0.replica_nodes)
             assert set(p.isr_nodes) <= {42}
     assert outcome.metadata is not None  # the real answer goes to the topology, not the client

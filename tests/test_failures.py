@@ -1,0 +1,759 @@
+"""Failures behind and of kfan, seen by real clients through the real kfan process.
+
+Every test owns its cluster (it moves leaders, kills brokers) and its kfan,
+which refreshes its topology every second. Brokers go down mid-produce,
+leaders and coordinators move under running clients, kfan itself restarts
+under load, and kfan starts while most of the cluster is down. What must hold
+throughout: nothing a client was told is written is missing, idempotent
+producers stay exactly-once and in order, and clients carry on.
+"""
+
+from __future__ import annotations
+
+import datetime
+import functools
+import re
+import struct
+import threading
+import time
+import uuid
+from collections import defaultdict
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+import trio
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Producer, TopicPartition
+
+from backends.mock import MockCluster
+from backends.tansu import _free_port
+from proxy import errors, routing
+from tests.conftest import Kfan, start_kfan
+from tests.rawclient import RawClient
+from tests.test_fanout import _produce_request
+from tests.test_operations import _get, _metrics_port, _samples
+
+PARTITIONS = 6
+LEADERS = [1, 2, 3, 1, 2, 3]
+# The mock holds a classic group rejoin for session timeout - 1 s (see test_clients).
+SESSION_MS = 6000
+
+
+@contextmanager
+def kfan_on(cluster: MockCluster, *extra: str, bootstrap: str | None = None) -> Iterator[Kfan]:
+    """kfan in front of ``cluster``, refreshing every second; it must survive and stop cleanly."""
+    k = start_kfan(bootstrap or cluster.bootstrap, "--metadata-refresh", "1", *extra)
+    try:
+        yield k
+    except BaseException:
+        k.stop()
+        print("kfan's log (tail):\n" + "".join(k.log[-80:]))  # shown by pytest with the failure
+        raise
+    alive = k.alive()
+    code = k.stop()
+    assert alive, "kfan died during the test:\n" + "".join(k.log[-60:])
+    assert code == 0, f"kfan did not stop cleanly (exit {code}):\n" + "".join(k.log[-60:])
+
+
+def new_topic(cluster: MockCluster, leaders: list[int] = LEADERS) -> str:
+    name = f"f-{uuid.uuid4().hex[:10]}"
+    cluster.create_topic(name, len(leaders), leaders=leaders)
+    return name
+
+
+def wait_for(what: str, ok: Callable[[], bool], timeout: float = 30, every: float = 0.05) -> None:
+    deadline = time.monotonic() + timeout
+    while not ok():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(every)
+
+
+Row = tuple[int, int, bytes | None, bytes]  # partition, offset, key, value
+
+
+def read_all(bootstrap: str, topic: str, partitions: int = PARTITIONS, timeout: float = 60) -> list[Row]:
+    """Every record of the topic, read from offset 0 up to each partition's high watermark."""
+    consumer = Consumer(
+        {"bootstrap.servers": bootstrap, "group.id": f"read-{uuid.uuid4()}", "enable.auto.commit": False, "fetch.wait.max.ms": 100}
+    )
+    try:
+        high = {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1] for p in range(partitions)}
+        consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in range(partitions)])
+        rows: list[Row] = []
+        nxt = dict.fromkeys(range(partitions), 0)
+        deadline = time.monotonic() + timeout
+        while any(nxt[p] < high[p] for p in range(partitions)):
+            assert time.monotonic() < deadline, f"read stalled at {nxt}, high watermarks {high}"
+            for m in consumer.consume(1000, timeout=0.5):
+                assert m.error() is None, m.error()
+                if m.offset() < high[m.partition()]:
+                    rows.append((m.partition(), m.offset(), m.key(), m.value()))
+                    nxt[m.partition()] = m.offset() + 1
+        return rows
+    finally:
+        consumer.close()
+
+
+def check_in_order(rows: list[Row]) -> None:
+    """Per partition offsets strictly increase (nothing read twice) and so do the producer's sequence numbers."""
+    by_partition: dict[int, list[tuple[int, int]]] = defaultdict(list)
+    for partition, offset, _, value in rows:
+        by_partition[partition].append((offset, int(value)))
+    for partition, pairs in by_partition.items():
+        offsets = [o for o, _ in pairs]
+        assert offsets == sorted(set(offsets)), f"partition {partition}: offsets out of order or repeated"
+        seq = [v for _, v in pairs]
+        assert seq == sorted(seq), f"partition {partition}: produce order lost"
+
+
+class Reports:
+    """Delivery reports of a confluent-kafka producer: value -> error (None when written)."""
+
+    def __init__(self) -> None:
+        self.by_value: dict[int, KafkaError | None] = {}
+        self.count = 0  # reports received, to catch a record reported twice
+        self.lock = threading.Lock()
+
+    def __call__(self, err: KafkaError | None, msg: object) -> None:
+        with self.lock:
+            self.by_value[int(msg.value())] = err  # type: ignore[attr-defined]
+            self.count += 1
+
+    @property
+    def ok(self) -> set[int]:
+        with self.lock:
+            return {v for v, e in self.by_value.items() if e is None}
+
+    @property
+    def failed(self) -> dict[int, KafkaError]:
+        with self.lock:
+            return {v: e for v, e in self.by_value.items() if e is not None}
+
+
+# --- 1. chaos: a broker dies, its partitions move, it comes back ----------------------
+
+
+def test_idempotent_producer_through_broker_loss_and_leader_moves() -> None:
+    n = 20_000
+    with MockCluster() as c, kfan_on(c) as k:
+        topic = new_topic(c)
+        producer = Producer(
+            {
+                "bootstrap.servers": k.bootstrap,
+                "enable.idempotence": True,
+                "acks": "all",
+                "linger.ms": 5,
+                "message.timeout.ms": 120_000,
+                "retry.backoff.ms": 50,
+                "retry.backoff.max.ms": 500,
+            }
+        )
+        reports = Reports()
+        moved_away = {1: 1, 4: 3}  # broker 2's partitions and where they go
+        # The chaos, keyed by how many records have been handed to the producer.
+        timeline: dict[int, Callable[[], None]] = {
+            4_000: lambda: c.broker_down(2),
+            8_000: lambda: [c.set_leader(topic, p, b) for p, b in moved_away.items()],  # type: ignore[func-returns-value]
+            12_000: lambda: c.broker_up(2),
+            16_000: lambda: [c.set_leader(topic, p, 2) for p in moved_away],  # type: ignore[func-returns-value]
+        }
+        for i in range(n):
+            if i in timeline:
+                timeline[i]()
+            while True:
+                try:
+                    producer.produce(topic, key=f"key-{i % 500}".encode(), value=str(i).encode(), on_delivery=reports)
+                    break
+                except BufferError:
+                    producer.poll(0.05)
+            producer.poll(0)
+            if i % 200 == 199:
+                time.sleep(0.04)  # ~4 s of producing, so each step happens under load
+        assert producer.flush(90) == 0, "records still undelivered"
+        assert reports.count == len(reports.by_value) == n, "one delivery report per record"
+        assert reports.failed == {}, f"{len(reports.failed)} failed, e.g. {list(reports.failed.items())[:3]}"
+
+        rows = read_all(k.bootstrap, topic)
+        values = [int(v) for _, _, _, v in rows]
+        assert len(values) == n, f"{len(values)} records in the topic, {n} produced"
+        assert sorted(values) == list(range(n)), "records lost or duplicated"
+        assert reports.ok <= set(values)
+        check_in_order(rows)
+        key_partition: dict[bytes | None, int] = {}
+        for partition, _, key, _ in rows:
+            assert key_partition.setdefault(key, partition) == partition, "one key, one partition"
+        assert {p for p, _, _, _ in rows} == set(range(PARTITIONS))
+        assert any("link to broker 2" in line and "failed" in line for line in k.log), "broker 2's loss went unnoticed"
+
+
+# --- 2. a leader moves while nothing fails ---------------------------------------------
+
+
+def _labels(text: str) -> dict[str, str]:
+    return dict(re.findall(r'(\w+)="([^"]*)"', text))
+
+
+def errors_answered(k: Kfan) -> dict[tuple[int, int], float]:
+    """kfan's count of partitions it answered with an error (kfan_errors_total): (error code, broker that answered) -> count."""
+    _, text = _get(f"http://127.0.0.1:{_metrics_port(k.log)}/metrics")
+    out: dict[tuple[int, int], float] = {}
+    for labels, value in _samples(text).get("kfan_errors_total", []):
+        if value:
+            lab = _labels(labels)
+            out[(int(lab["error_code"]), int(lab["broker"]))] = value
+    return out
+
+
+class Flow:
+    """A producer and a consumer running in threads, through the kfan (or kfans) given.
+
+    The producer (idempotent, one request in flight, so each retriable error is
+    one the client saw and not a pipelining echo) writes keyed records with
+    increasing sequence numbers round-robin to every partition, at ``rate``
+    per second. The consumer reads every partition from the start: assigned,
+    or as a member of ``group`` that commits after every batch.
+    """
+
+    def __init__(self, topic: str, produce_via: Kfan, consume_via: Kfan, rate: int = 600, group: str | None = None) -> None:
+        self.topic = topic
+        self.reports = Reports()
+        self.sent = 0
+        self.consumed: list[Row] = []
+        self.consumer_errors: list[KafkaError] = []
+        self.producer_errors: list[KafkaError] = []
+        self.stop_producing = threading.Event()
+        self.stop_consuming = threading.Event()
+        self.failures: list[BaseException] = []
+        self.rate = rate
+        self.group = group
+        self.commits: list[float] = []  # when each successful commit returned
+        self.assignments: list[list[int]] = []  # each (re)assignment of a group member
+        self.revocations = 0
+        self.commit_errors: list[KafkaException] = []
+        self.producer = Producer(
+            {
+                "bootstrap.servers": produce_via.bootstrap,
+                "enable.idempotence": True,
+                "acks": "all",
+                "linger.ms": 5,
+                "max.in.flight.requests.per.connection": 1,
+                "message.timeout.ms": 60_000,
+                "reconnect.backoff.ms": 50,
+                "reconnect.backoff.max.ms": 500,
+                "error_cb": self.producer_errors.append,
+            }
+        )
+        self.consumer = Consumer(
+            {
+                "bootstrap.servers": consume_via.bootstrap,
+                "group.id": group or f"flow-{uuid.uuid4()}",
+                "enable.auto.commit": False,
+                "auto.offset.reset": "earliest",
+                "fetch.wait.max.ms": 100,
+                "session.timeout.ms": SESSION_MS,
+                "heartbeat.interval.ms": 500,
+                "reconnect.backoff.ms": 50,
+                "reconnect.backoff.max.ms": 500,
+                "error_cb": self.consumer_errors.append,
+            }
+        )
+        if group is None:
+            self.consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in range(PARTITIONS)])
+        else:
+            self.consumer.subscribe(
+                [topic],
+                on_assign=lambda _, tps: self.assignments.append(sorted(tp.partition for tp in tps)),
+                on_revoke=lambda _, tps: setattr(self, "revocations", self.revocations + 1),
+            )
+        self.threads = [threading.Thread(target=self._guard(self._produce)), threading.Thread(target=self._guard(self._consume))]
+
+    def _guard(self, body: Callable[[], None]) -> Callable[[], None]:
+        def run() -> None:
+            try:
+                body()
+            except BaseException as e:  # reported by finish()
+                self.failures.append(e)
+
+        return run
+
+    def _produce(self) -> None:
+        started = time.monotonic()
+        while not self.stop_producing.is_set():
+            due = int((time.monotonic() - started) * self.rate)
+            while self.sent < due:
+                i = self.sent
+                self.producer.produce(
+                    self.topic, key=f"k{i % 97}".encode(), value=str(i).encode(), partition=i % PARTITIONS, on_delivery=self.reports
+                )
+                self.sent += 1
+            self.producer.poll(0.01)
+        assert self.producer.flush(60) == 0, "records still undelivered"
+
+    def _consume(self) -> None:
+        while not self.stop_consuming.is_set():
+            got = False
+            for m in self.consumer.consume(500, timeout=0.2):
+                if m.error() is not None:
+                    self.consumer_errors.append(m.error())
+                    continue
+                self.consumed.append((m.partition(), m.offset(), m.key(), m.value()))
+                got = True
+            if self.group is not None and got:
+                # A group member commits what it consumed, synchronously, batch by batch.
+                try:
+                    self.consumer.commit(asynchronous=False)
+                    self.commits.append(time.monotonic())
+                except KafkaException as e:
+                    self.commit_errors.append(e)
+        self.consumer.close()  # a group member leaves its group
+
+    def start(self) -> Flow:
+        for t in self.threads:
+            t.start()
+        return self
+
+    def values_from(self, partition: int) -> list[int]:
+        return [int(v) for p, _, _, v in list(self.consumed) if p == partition]
+
+    def finish(self, timeout: float = 60) -> None:
+        """Stop producing, wait until everything delivered is consumed, stop consuming."""
+        self.stop_producing.set()
+        self.threads[0].join(timeout)
+        try:
+            wait_for(
+                "the consumer to catch up with every delivered record",
+                lambda: bool(self.failures) or len(self.consumed) >= len(self.reports.ok),
+                timeout,
+            )
+        finally:
+            self.stop_consuming.set()
+            self.threads[1].join(timeout)
+        if self.failures:
+            raise self.failures[0]
+
+
+def test_leader_move_costs_each_client_at_most_one_retriable_error_per_partition() -> None:
+    metrics = ("--metrics-listen", "127.0.0.1:0")
+    retriable = {6, 74, 75}  # NOT_LEADER_OR_FOLLOWER, FENCED_LEADER_EPOCH, UNKNOWN_LEADER_EPOCH
+    with MockCluster() as c, kfan_on(c, *metrics) as kp, kfan_on(c, *metrics) as kc:
+        topic = new_topic(c)
+        flow = Flow(topic, produce_via=kp, consume_via=kc).start()
+        seen: dict[str, list[dict[tuple[int, int], float]]] = {"producer": [], "consumer": []}
+        try:
+            wait_for("records to flow", lambda: len(flow.consumed) >= 300 or bool(flow.failures))
+            for who, k in (("producer", kp), ("consumer", kc)):
+                seen[who].append(errors_answered(k))
+            assert seen == {"producer": [{}], "consumer": [{}]}, f"errors before anything moved: {seen}"
+            # One partition at a time, so that each client's error count belongs to one moved partition.
+            for partition, broker in ((0, 2), (4, 3)):  # partition 0 from broker 1 to 2, then partition 4 from broker 2 to 3
+                c.set_leader(topic, partition, broker)
+                moved_at = flow.sent
+                # Data keeps flowing, through the moved partition too: records sent well after the move arrive.
+                wait_for(
+                    f"records produced after partition {partition} moved to be consumed from every partition",
+                    lambda moved_at=moved_at: (
+                        bool(flow.failures) or all(max(flow.values_from(p), default=-1) >= moved_at + 600 for p in range(PARTITIONS))
+                    ),
+                )
+                for who, k in (("producer", kp), ("consumer", kc)):
+                    seen[who].append(errors_answered(k))
+        finally:
+            flow.finish()
+        print(f"errors (code, broker) -> count, before and after each move: {seen}")
+        assert flow.reports.failed == {}
+        values = sorted(int(v) for _, _, _, v in flow.consumed)
+        assert values == sorted(flow.reports.ok) == list(range(flow.sent)), "records lost or duplicated"
+        check_in_order(flow.consumed)
+        assert flow.consumer_errors == [] and flow.producer_errors == [], (flow.consumer_errors, flow.producer_errors)
+        for who, counts in seen.items():
+            for step, (before, after) in enumerate(zip(counts, counts[1:], strict=False)):
+                new = {key: n - before.get(key, 0) for key, n in after.items() if n != before.get(key, 0)}
+                assert {code for code, _ in new} <= retriable, f"the {who} saw non-retriable errors after move {step + 1}: {new}"
+                assert sum(new.values()) <= 1, f"the {who} saw {new} for one moved partition"
+
+
+# --- 3. the group coordinator moves while the group consumes ---------------------------
+
+
+def test_group_keeps_consuming_and_committing_while_its_coordinator_moves() -> None:
+    group = f"cg-{uuid.uuid4()}"
+    with MockCluster() as c, kfan_on(c) as k:
+        topic = new_topic(c)
+        c.set_coordinator("group", group, 1)
+        flow = Flow(topic, produce_via=k, consume_via=k, group=group).start()
+        try:
+            wait_for(
+                "the group to consume and commit", lambda: bool(flow.failures) or (len(flow.consumed) >= 500 and len(flow.commits) >= 3)
+            )
+            first_move = time.monotonic()
+            for broker in (2, 3):
+                c.set_coordinator("group", group, broker)
+                moved_at, consumed_at = time.monotonic(), len(flow.consumed)
+                wait_for(
+                    f"commits and new records after the coordinator moved to broker {broker}",
+                    lambda moved_at=moved_at, consumed_at=consumed_at: (
+                        bool(flow.failures) or (sum(t > moved_at for t in flow.commits) >= 3 and len(flow.consumed) >= consumed_at + 500)
+                    ),
+                )
+            # The old coordinators refuse heartbeats (the mock answers NOT_COORDINATOR): had kfan kept
+            # sending them there, the member would expire one session after the first move and the
+            # group would rebalance. Keep going past that point.
+            until = first_move + SESSION_MS / 1000 + 1.5
+            wait_for("a session timeout to pass", lambda: bool(flow.failures) or time.monotonic() > until, timeout=SESSION_MS / 1000 + 5)
+            assert flow.assignments == [list(range(PARTITIONS))] and flow.revocations == 0, (
+                f"the group rebalanced: assignments {flow.assignments}, {flow.revocations} revocations"
+            )
+            assert sum(t > until - 1.5 for t in flow.commits) >= 1, "no commit in the last stretch"
+        finally:
+            flow.finish()
+        assert flow.reports.failed == {}
+        delivered = sorted(flow.reports.ok)
+        assert delivered == list(range(flow.sent))
+        values = [int(v) for _, _, _, v in flow.consumed]
+        assert set(values) == set(delivered), f"{len(set(delivered) - set(values))} records skipped"
+        assert len(values) == len(delivered), f"{len(values) - len(set(values))} records consumed twice (no rebalance, so none may be)"
+        check_in_order(flow.consumed)
+        print(f"{len(flow.commit_errors)} commits failed while the coordinator moved: {flow.commit_errors[:3]}")
+        # The committed offsets end at the end of every partition.
+        probe = Consumer({"bootstrap.servers": k.bootstrap, "group.id": group, "enable.auto.commit": False})
+        try:
+            high = {p: probe.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1] for p in range(PARTITIONS)}
+            committed = {
+                tp.partition: tp.offset for tp in probe.committed([TopicPartition(topic, p) for p in range(PARTITIONS)], timeout=10)
+            }
+        finally:
+            probe.close()
+        assert sum(high.values()) == flow.sent
+        assert committed == high, f"committed {committed}, end of partitions {high}"
+
+
+# --- 4. a broker dies while a fanned-out Produce is in flight ---------------------------
+
+
+RETRIABLE_PRODUCE = {6, 7}  # NOT_LEADER_OR_FOLLOWER (not written), REQUEST_TIMED_OUT (maybe written)
+
+
+def test_broker_killed_mid_fanout_produce_fails_only_its_partitions() -> None:
+    with MockCluster() as c, kfan_on(c, "--metrics-listen", "127.0.0.1:0") as k:
+        topic = new_topic(c)
+        with RawClient(k.address) as client:
+            assert all(
+                p.error_code.value == 0
+                for p in client.call(_produce_request(topic, [0, 1, 2, 3, 4, 5], acks=-1)).responses[0].partition_responses
+            )
+            # Broker 2 takes the request in, then holds its answer: kill it meanwhile.
+            c.set_rtt(2, 3000)
+            order = [4, 0, 5, 2, 1, 3]
+            sent_at = time.monotonic()
+            cid = client.send(_produce_request(topic, order, acks=-1))
+            wait_for(
+                "kfan to have the Produce out on every broker (brokers 1 and 3 answered)",
+                lambda: (n := _broker_counts(k, api_key=0)).get(1, 0) >= 2 and n.get(3, 0) >= 2,
+                timeout=2.5,
+                every=0.02,
+            )
+            c.broker_down(2)
+            payload = client.receive(timeout=10)
+            took = time.monotonic() - sent_at
+            assert payload is not None
+            resp = client.decode(_produce_request(topic, order, acks=-1), payload)
+            assert struct.unpack_from(">i", payload)[0] == cid
+        codes = {p.index: p.error_code.value for p in resp.responses[0].partition_responses}
+        assert list(codes) == order, "every partition once, in the client's order"
+        assert {p: codes[p] for p in (0, 2, 3, 5)} == {0: 0, 2: 0, 3: 0, 5: 0}, codes
+        # The request had reached broker 2 whole: "maybe written" (REQUEST_TIMED_OUT), not "not written".
+        assert codes[1] == codes[4] == 7, f"broker 2's partitions: {codes}"
+        assert took < 2.5, f"answered {took:.1f} s after sending: kfan waited for broker 2 instead of noticing it died"
+        # Broker 2 comes back: the partitions acknowledged hold the record, and the failed ones can be retried.
+        c.set_rtt(2, 0)
+        c.broker_up(2)
+        rows = read_all(k.bootstrap, topic)
+        acknowledged = {(p, f"p{p}".encode()) for p, code in codes.items() if code == 0}
+        assert acknowledged <= {(p, v) for p, _, _, v in rows}
+        # (Broker 2 had in fact written it: the mock delays only its answer. Hence "maybe written".)
+        assert {p: sum(r[0] == p for r in rows) for p in range(PARTITIONS)} == dict.fromkeys(range(PARTITIONS), 2)
+        with RawClient(k.address) as client:
+            wait_for(
+                "a retry of broker 2's partitions to succeed",
+                lambda: all(
+                    p.error_code.value == 0 for p in client.call(_produce_request(topic, [1, 4], acks=-1)).responses[0].partition_responses
+                ),
+                every=0.2,
+            )
+
+
+def test_broker_killed_under_a_real_producer_loses_nothing_it_acknowledged() -> None:
+    """The same through librdkafka without retries, so every error reaches the delivery reports."""
+    per_partition = 300
+    with MockCluster() as c, kfan_on(c, "--metrics-listen", "127.0.0.1:0") as k:
+        topic = new_topic(c)
+        producer = Producer({"bootstrap.servers": k.bootstrap, "acks": "all", "linger.ms": 20, "retries": 0, "message.timeout.ms": 30_000})
+        # The client learns the cluster first: its Metadata may go to broker 2, which is about to be slow.
+        for p in range(PARTITIONS):
+            producer.produce(topic, value=str(-1 - p).encode(), partition=p)
+        assert producer.flush(10) == 0
+        reports = Reports()
+        partition_of: dict[int, int] = {}
+        before = _broker_counts(k, api_key=0)
+        c.set_rtt(2, 3000)
+        for i in range(per_partition * PARTITIONS):
+            partition_of[i] = i % PARTITIONS
+            producer.produce(topic, value=str(i).encode(), partition=i % PARTITIONS, on_delivery=reports)
+        on_broker_2 = {i for i, p in partition_of.items() if LEADERS[p] == 2}
+        # Brokers 1 and 3 answer kfan at once while broker 2 sits on its requests: then it dies.
+        wait_for(
+            "brokers 1 and 3 to answer kfan",
+            lambda: producer.poll(0.02) >= 0 and _answered_since(before, _broker_counts(k, api_key=0)) >= {1, 3},
+            timeout=2.5,
+            every=0.01,
+        )
+        assert not set(reports.by_value) & on_broker_2, "broker 2 answered despite its delay"
+        c.broker_down(2)
+        assert producer.flush(20) == 0
+        assert reports.ok == set(partition_of) - on_broker_2
+        failed = reports.failed
+        assert set(failed) == on_broker_2
+        codes = {e.code() for e in failed.values()}
+        assert codes <= {KafkaError.REQUEST_TIMED_OUT, KafkaError.NOT_LEADER_FOR_PARTITION}, codes
+        # Broker 2 back: everything acknowledged is there, and its partitions take writes again.
+        c.set_rtt(2, 0)
+        c.broker_up(2)
+        rows = read_all(k.bootstrap, topic)
+        assert reports.ok <= {int(v) for _, _, _, v in rows}
+        check_in_order(rows)
+        retry = Reports()
+        for i in sorted(on_broker_2):
+            producer.produce(topic, value=str(i).encode(), partition=partition_of[i], on_delivery=retry)
+        assert producer.flush(20) == 0
+        assert retry.failed == {} and retry.ok == on_broker_2
+
+
+def _answered_since(before: dict[int, float], now: dict[int, float]) -> set[int]:
+    """Brokers whose answer count grew."""
+    return {b for b, n in now.items() if n > before.get(b, 0)}
+
+
+def _broker_counts(k: Kfan, api_key: int) -> dict[int, float]:
+    """Answers kfan got from each broker for ``api_key`` (kfan_broker_request_duration_seconds_count)."""
+    _, text = _get(f"http://127.0.0.1:{_metrics_port(k.log)}/metrics")
+    out: dict[int, float] = {}
+    for labels, value in _samples(text).get("kfan_broker_request_duration_seconds_count", []):
+        lab = _labels(labels)
+        if lab["api_key"] == str(api_key):
+            out[int(lab["broker"])] = value
+    return out
+
+
+# --- 5. kfan itself restarts under load ------------------------------------------------
+
+
+def test_kfan_restart_under_load_on_the_same_port() -> None:
+    group = f"rg-{uuid.uuid4()}"
+    with MockCluster() as c:
+        topic = new_topic(c)
+        port = _free_port()
+        first = start_kfan(c.bootstrap, "--metadata-refresh", "1", "--listen", f"127.0.0.1:{port}")
+        flow: Flow | None = None
+        try:
+            assert first.port == port
+            flow = Flow(topic, produce_via=first, consume_via=first, group=group).start()
+            wait_for(
+                "the group to consume and commit", lambda: bool(flow.failures) or (len(flow.consumed) >= 500 and len(flow.commits) >= 3)
+            )
+            stopped_at = flow.sent
+            assert first.alive()
+            assert first.stop() == 0  # SIGTERM: stop accepting, answer what was read, exit
+            assert "every connection drained" in "".join(first.log), "".join(first.log[-20:])
+            with kfan_on(c, "--listen", f"127.0.0.1:{port}") as second:
+                assert second.port == port
+                restarted_at = time.monotonic()
+                # The clients know only the one address: what flows now flows through the new kfan.
+                wait_for(
+                    "records produced after the restart to be consumed from every partition, and commits",
+                    lambda: (
+                        bool(flow.failures)
+                        or (
+                            all(max(flow.values_from(p), default=-1) >= stopped_at + 600 for p in range(PARTITIONS))
+                            and sum(t > restarted_at for t in flow.commits) >= 3
+                        )
+                    ),
+                )
+                # The member outlived the restart: no rebalance, no rewind to committed offsets.
+                assert flow.assignments == [list(range(PARTITIONS))] and flow.revocations == 0, (flow.assignments, flow.revocations)
+                flow.finish()
+        finally:
+            first.stop()
+            if flow is not None:
+                flow.stop_producing.set()
+                flow.stop_consuming.set()
+        assert flow.reports.failed == {}, list(flow.reports.failed.items())[:3]
+        delivered = sorted(flow.reports.ok)
+        assert delivered == list(range(flow.sent))
+        values = [int(v) for _, _, _, v in flow.consumed]
+        assert sorted(values) == delivered, "records lost or consumed twice across the restart"
+        check_in_order(flow.consumed)
+        assert sorted(int(v) for _, _, _, v in read_all(c.bootstrap, topic)) == delivered, "the log itself holds each record once"
+
+
+# --- 6. kfan starts while most of the cluster is down ---------------------------------
+
+
+def reachability(k: Kfan) -> dict[int, float]:
+    """kfan_broker_reachable, by broker id."""
+    _, text = _get(f"http://127.0.0.1:{_metrics_port(k.log)}/metrics")
+    return {int(_labels(labels)["broker"]): value for labels, value in _samples(text).get("kfan_broker_reachable", [])}
+
+
+def test_start_with_two_of_three_brokers_down() -> None:
+    with MockCluster() as c:
+        topic = new_topic(c)
+        c.broker_down(2)
+        c.broker_down(3)
+        # The brokers that are down come first in the bootstrap list.
+        bootstrap = ",".join(f"{h}:{p}" for h, p in (c.brokers[3], c.brokers[2], c.brokers[1]))
+        with kfan_on(c, "--metrics-listen", "127.0.0.1:0", bootstrap=bootstrap) as k:
+            log = "".join(k.log)
+            for b in (3, 2):
+                assert "bootstrap broker {}:{} did not answer".format(*c.brokers[b]) in log, log
+            # The metadata lists live brokers only; 2 and 3 still lead partitions, so kfan knows of them.
+            for b in (2, 3):
+                assert f"broker {b} is unreachable" in log, log
+            assert "brokers up [1], down [2, 3]" in log, log
+            base = f"http://127.0.0.1:{_metrics_port(k.log)}"
+            assert _get(base + "/readyz")[0] == 200, "one broker answers: ready"
+            assert reachability(k) == {1: 1, 2: 0, 3: 0}
+            # A client produces to every partition: broker 1's take the records at once; the
+            # others have no leader (as Kafka reports a partition whose leader is down), so
+            # the client holds their records instead of sending kfan requests it must refuse.
+            producer = Producer({"bootstrap.servers": k.bootstrap, "acks": "all", "linger.ms": 5, "message.timeout.ms": 60_000})
+            reports = Reports()
+            for i in range(600):
+                producer.produce(topic, value=str(i).encode(), partition=i % PARTITIONS, on_delivery=reports)
+            on_broker_1 = {i for i in range(600) if LEADERS[i % PARTITIONS] == 1}
+            wait_for(
+                "broker 1's records to be acknowledged", lambda: producer.poll(0.05) >= 0 and len(reports.by_value) >= len(on_broker_1)
+            )
+            assert reports.ok == on_broker_1 and reports.failed == {}
+            consumer = Consumer({"bootstrap.servers": k.bootstrap, "group.id": f"s-{uuid.uuid4()}", "enable.auto.commit": False})
+            try:
+                consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in (0, 3)])
+                got: set[int] = set()
+                deadline = time.monotonic() + 20
+                while got != on_broker_1 and time.monotonic() < deadline:
+                    got.update(int(m.value()) for m in consumer.consume(500, timeout=0.2) if m.error() is None)
+            finally:
+                consumer.close()
+            assert got == on_broker_1
+            assert len(reports.by_value) == len(on_broker_1), "the other partitions' records wait for a leader"
+            assert errors_answered(k) == {}, "the client was sent errors (it should have waited for a leader)"
+            # The rest of the cluster comes back: kfan sees it, and the waiting records go through.
+            c.broker_up(2)
+            c.broker_up(3)
+            wait_for("kfan to report brokers 2 and 3 reachable", lambda: reachability(k) == {1: 1, 2: 1, 3: 1}, timeout=15, every=0.2)
+            assert producer.flush(30) == 0
+            assert reports.failed == {} and reports.ok == set(range(600))
+            assert sorted(int(v) for _, _, _, v in read_all(k.bootstrap, topic)) == list(range(600))
+
+
+# --- the rules behind these tests, on the sans-IO core and the link ----------------------
+
+
+def test_failed_broker_codes_are_ones_clients_retry() -> None:
+    from proxy.core import broker_failure_code
+
+    assert broker_failure_code(routing.PRODUCE, written=True) == errors.REQUEST_TIMED_OUT  # maybe written
+    assert broker_failure_code(routing.PRODUCE, written=False) == errors.NOT_LEADER_OR_FOLLOWER  # not written
+    assert broker_failure_code(routing.FETCH, written=True) == broker_failure_code(routing.FETCH, written=False) == 6
+    assert broker_failure_code(routing.DELETE_RECORDS, written=True) == errors.NETWORK_EXCEPTION
+
+
+def test_metadata_reports_a_partition_whose_leader_is_down_as_leaderless() -> None:
+    from kio.schema.errors import ErrorCode
+    from kio.schema.metadata.v12.request import MetadataRequest
+    from kio.schema.metadata.v12.response import MetadataResponse, MetadataResponseBroker, MetadataResponsePartition, MetadataResponseTopic
+
+    from backends.topology import Topology
+    from proxy.core import ANY, Context, Identity, plan_request
+    from proxy.headers import response_header
+    from tests.kio_oracle import kio_decode, kio_encode, request_payload
+
+    def partition(index: int, leader: int, error: ErrorCode = ErrorCode.none) -> MetadataResponsePartition:
+        return MetadataResponsePartition(
+            error_code=error, partition_index=index, leader_id=leader, leader_epoch=3, replica_nodes=(leader,), isr_nodes=(leader,)
+        )  # type: ignore[arg-type]
+
+    # Broker 2 is down: the answer lists brokers 1 and 3 only, yet broker 2 still leads partition 1.
+    answer = MetadataResponse(
+        throttle_time=datetime.timedelta(0),
+        brokers=tuple(MetadataResponseBroker(node_id=b, host=f"b{b}", port=9000 + b) for b in (1, 3)),  # type: ignore[arg-type]
+        controller_id=1,  # type: ignore[arg-type]
+        topics=(
+            MetadataResponseTopic(
+                error_code=ErrorCode.none,
+                name="t",  # type: ignore[arg-type]
+                topic_id=uuid.uuid4(),
+                partitions=(partition(0, 1), partition(1, 2), partition(2, 3), partition(3, -1, ErrorCode.leader_not_available)),
+            ),
+        ),
+    )
+    ctx = Context(Identity(7, "kfan", 9092), Topology(), {routing.METADATA: (0, 12)})
+    plan = plan_request(
+        ctx, request_payload(MetadataRequest(topics=None, allow_auto_topic_creation=False, include_topic_authorized_operations=False))
+    )
+    assert plan.merge is not None
+    outcome = plan.merge({ANY: response_header(routing.METADATA, 12, 1) + kio_encode(answer)})
+    out = kio_decode(MetadataResponse, b"".join(bytes(p) for p in outcome.body))
+    got = [(p.partition_index, p.leader_id, p.error_code) for p in out.topics[0].partitions]
+    assert got == [
+        (0, 7, ErrorCode.none),
+        (1, -1, ErrorCode.leader_not_available),
+        (2, 7, ErrorCode.none),
+        (3, -1, ErrorCode.leader_not_available),
+    ]
+    assert outcome.metadata is not None and outcome.metadata["topics"][0]["partitions"][1]["leader_id"] == 2, "the topology keeps the truth"
+
+
+def test_requests_kfan_answers_alone_count_their_errors() -> None:
+    from backends.topology import Broker, Topology
+    from proxy.core import Context, Identity, plan_request
+    from tests.kio_oracle import request_payload
+
+    topology = Topology(brokers={1: Broker(1, "b1", 9001)}, leaders={"t": {0: 1, 1: 2, 2: 2}})
+    assert topology.absent_leaders() == {2: 2}
+    ctx = Context(Identity(7, "kfan", 9092), topology, {routing.PRODUCE: (0, 9)})
+    plan = plan_request(ctx, request_payload(_produce_request("t", [1, 2], acks=-1)))
+    assert plan.reply is not None and not plan.subs, "nothing routable: kfan answers alone"
+    assert plan.reply_errors == {(errors.NOT_LEADER_OR_FOLLOWER, -1): 2}
+
+
+def test_a_request_that_never_left_kfan_is_not_written() -> None:
+    from backends.link import Link, LinkError
+    from proxy.core import SubRequest
+
+    async def main() -> tuple[bool, bool]:
+        # A listener that reads one request whole and hangs up without answering.
+        async def hang_up(stream: trio.SocketStream) -> None:
+            data = b""
+            while len(data) < 4 or len(data) < 4 + struct.unpack(">i", data[:4])[0]:
+                data += await stream.receive_some(65536)
+            await stream.aclose()
+
+        async with trio.open_nursery() as nursery:
+            (listener,) = await nursery.start(functools.partial(trio.serve_tcp, hang_up, 0, host="127.0.0.1"))
+            port = listener.socket.getsockname()[1]
+            sub = SubRequest(routing.API_VERSIONS, 0, [b"\x00\x00"], True)
+            outcomes = []
+            for address in (("127.0.0.1", port), ("127.0.0.1", _free_port())):  # the second refuses
+                link = Link(1, *address)
+                nursery.start_soon(link.run)
+                pending = link.submit(sub)
+                try:
+                    await pending.wait()
+                except LinkError:
+                    outcomes.append(pending.written)
+            nursery.cancel_scope.cancel()
+        return outcomes[0], outcomes[1]
+
+    written, refused = trio.run(main)
+    assert written is True, "the broker read it whole before hanging up: maybe acted on"
+    assert refused is False, "no connection: never sent"
