@@ -19,6 +19,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+from collections.abc import Mapping
 from typing import Any
 
 import trio
@@ -49,6 +50,14 @@ def worker_argv(options: dict[str, Any], port: int) -> list[str]:
             value = (value[0], port)
         argv += [f"--{o.name}", _flag_value(value)]
     return argv + ["--workers", "1"]
+
+
+def worker_environment(environ: Mapping[str, str]) -> dict[str, str]:
+    """The parent's environment without KFAN_* settings: a worker's command line
+    already holds every option the parent resolved, and a worker that read
+    KFAN_METRICS_LISTEN (or a config file naming metrics-listen) would try to
+    bind the parent's metrics port."""
+    return {k: v for k, v in environ.items() if not k.startswith("KFAN_")}
 
 
 def run_workers(options: dict[str, Any]) -> int:
@@ -99,7 +108,7 @@ async def _supervise(options: dict[str, Any], port: int, metrics_dir: str) -> in
             await nursery.start(metrics.serve_http, *options["metrics_listen"], ready)
         with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
             for i in range(n):
-                env = {**os.environ, "KFAN_WORKER": str(i), "PROMETHEUS_MULTIPROC_DIR": metrics_dir}
+                env = {**worker_environment(os.environ), "KFAN_WORKER": str(i), "PROMETHEUS_MULTIPROC_DIR": metrics_dir}
                 proc = await trio.lowlevel.open_process(worker_argv(options, port), env=env, stdout=subprocess.PIPE)
                 procs.append(proc)
                 nursery.start_soon(pump, proc)

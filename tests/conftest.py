@@ -8,7 +8,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -58,8 +58,9 @@ class Kfan:
         return self.process.returncode
 
 
-def start_kfan(bootstrap: str, *extra: str) -> Kfan:
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"}
+def start_kfan(bootstrap: str, *extra: str, env: Mapping[str, str] | None = None) -> Kfan:
+    """``kfan serve`` on a free port; ``env``: KFAN_* variables for it."""
+    env = {**os.environ, **(env or {}), "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"}
     proc = subprocess.Popen(
         [sys.executable, "-m", "proxy", "serve", "--bootstrap", bootstrap, "--listen", "127.0.0.1:0", "--log-level", "INFO", *extra],
         stdout=subprocess.PIPE,

@@ -193,7 +193,10 @@ def _owners_of_established(port: int, pids: list[int]) -> dict[int, int]:
 
 
 def test_two_workers_share_the_port_and_both_serve(cluster: MockCluster, topic: str) -> None:
-    k = start_kfan(cluster.bootstrap, "--workers", "2")
+    # The metrics listener set through the environment, as the Dockerfile's users do:
+    # only the parent binds it (workers would fail on the taken port).
+    metrics_port = _free_port()
+    k = start_kfan(cluster.bootstrap, "--workers", "2", env={"KFAN_METRICS_LISTEN": f"127.0.0.1:{metrics_port}"})
     try:
         line = next(line for line in k.log if "workers (pids" in line)  # the line start_kfan waited for
         pids = [int(p) for p in re.findall(r"\d+", line.split("pids", 1)[1])]
@@ -204,6 +207,8 @@ def test_two_workers_share_the_port_and_both_serve(cluster: MockCluster, topic: 
         assert all(p.flush(20) == 0 for p in producers)
         owners = _owners_of_established(k.port, pids)
         assert all(n > 0 for n in owners.values()), f"each worker holds client connections: {owners}"
+        assert _get(f"http://127.0.0.1:{metrics_port}/readyz")[0] == 200
+        assert k.process.poll() is None, "".join(k.log)
         del producers
     finally:
         assert k.stop() == 0
