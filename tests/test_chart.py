@@ -1,0 +1,526 @@
+"""The Helm chart in charts/kfan: rendered and linted by real Helm, validated
+against Kubernetes' schemas, and held to kfan's real options.
+
+Helm is Helm's own Go SDK (v4), which the helm-python-sdk wheel bundles as a
+shared library (no helm binary, no download at run time). Kubernetes' schemas
+come from kubernetes-validate; the ServiceMonitor's from the prometheus-operator
+CRD kept in charts/kfan/ci/.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+import time
+import tomllib
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import helm_python as helm
+import jsonschema
+import kubernetes_validate
+import pytest
+import yaml
+from kubernetes_validate.utils import latest_version
+
+from proxy.cli import build_parser
+from proxy.config import OPTIONS, resolve
+
+ROOT = Path(__file__).resolve().parent.parent
+CHART = ROOT / "charts" / "kfan"
+RELEASE, NAMESPACE = "prod", "streaming"
+BOOTSTRAP = "kafka-0.kafka-headless.kafka.svc:9092,kafka-1.kafka-headless.kafka.svc:9092"
+BASE = {"kafka": {"bootstrap": BOOTSTRAP}}
+
+# Oldest Kubernetes the chart supports (Chart.yaml kubeVersion) and the newest
+# kubernetes-validate knows.
+K8S_VERSIONS = ("1.25.0", latest_version())
+
+# Every KFAN_* variable kfan reads: one per option, and the config file.
+KFAN_ENV = {o.env for o in OPTIONS} | {"KFAN_CONFIG"}
+OPTION_NAMES = {o.name for o in OPTIONS}
+
+# Every value the chart takes, switched away from its default where that
+# renders something more.
+EVERYTHING: dict[str, Any] = {
+    "kafka": {"bootstrap": ["kafka-0.kafka:9092", "kafka-1.kafka:9092"]},
+    "replicaCount": 3,
+    "image": {"repository": "registry.example/kfan", "tag": "0.1.0-rc1", "pullPolicy": "Always"},
+    "imagePullSecrets": [{"name": "registry"}],
+    "advertise": "kfan.example.com:19092",
+    "nodeId": 7,
+    "workers": 2,
+    "logLevel": "DEBUG",
+    "logJson": True,
+    "shutdownTimeoutSeconds": 12.5,
+    "preStopSleepSeconds": 3,
+    "terminationGracePeriodSeconds": 60,
+    "configFile": "max-inflight = 512\nmetadata-refresh = 10.0\n",
+    "extraEnv": {"KFAN_MAX_FRAME_BYTES": "52428800", "KFAN_CAPTURE": "/capture", "TZ": "UTC"},
+    "extraEnvFrom": [{"secretRef": {"name": "kfan-extra"}}],
+    "extraVolumes": [{"name": "capture", "emptyDir": {"sizeLimit": "1Gi"}}],
+    "extraVolumeMounts": [{"name": "capture", "mountPath": "/capture"}],
+    "tls": {"enabled": True, "secretName": "kfan-tls", "mountPath": "/etc/kfan/tls"},
+    "service": {"type": "LoadBalancer", "port": 19092, "metricsPort": 19100, "annotations": {"a": "b"}},
+    "containerPorts": {"kafka": 9192, "metrics": 9300},
+    "serviceAccount": {"create": True, "name": "kfan-sa", "annotations": {"a": "b"}},
+    "podAnnotations": {"a": "b"},
+    "podLabels": {"team": "streaming"},
+    "resources": {"requests": {"cpu": "1", "memory": "1Gi"}, "limits": {"memory": "2Gi"}},
+    "livenessProbe": {"periodSeconds": 20},
+    "readinessProbe": {"periodSeconds": 3},
+    "podDisruptionBudget": {"enabled": True, "maxUnavailable": "25%"},
+    "autoscaling": {"enabled": True, "minReplicas": 3, "maxReplicas": 12, "targetMemoryUtilizationPercentage": 80},
+    "serviceMonitor": {"enabled": True, "namespace": "monitoring", "labels": {"release": "prom"}, "interval": "15s"},
+    "podAntiAffinity": "hard",
+    "topologySpreadConstraints": [{"maxSkew": 1, "topologyKey": "topology.kubernetes.io/zone", "whenUnsatisfiable": "ScheduleAnyway"}],
+    "nodeSelector": {"kubernetes.io/os": "linux"},
+    "tolerations": [{"key": "dedicated", "operator": "Equal", "value": "kafka", "effect": "NoSchedule"}],
+    "priorityClassName": "high",
+}
+
+
+def render(values: dict[str, Any] | None = None, *, name: str = RELEASE, namespace: str = NAMESPACE) -> list[dict[str, Any]]:
+    """`helm template`: the rendered objects (NOTES.txt aside)."""
+    with helm.Chart.load(CHART) as chart:
+        manifests = chart.render(values or {}, name=name, namespace=namespace)
+    docs: list[dict[str, Any]] = []
+    for path, text in sorted(manifests.items()):
+        if not path.endswith("NOTES.txt"):
+            docs += [d for d in yaml.safe_load_all(text) if d]
+    return docs
+
+
+def notes(values: dict[str, Any]) -> str:
+    with helm.Chart.load(CHART) as chart:
+        manifests = chart.render(values, name=RELEASE, namespace=NAMESPACE)
+    return manifests["kfan/templates/NOTES.txt"]
+
+
+def one(docs: list[dict[str, Any]], kind: str) -> dict[str, Any]:
+    found = [d for d in docs if d["kind"] == kind]
+    assert len(found) == 1, f"expected one {kind}, got {[d['kind'] for d in docs]}"
+    return found[0]
+
+
+def container(docs: list[dict[str, Any]]) -> dict[str, Any]:
+    (c,) = one(docs, "Deployment")["spec"]["template"]["spec"]["containers"]
+    return c
+
+
+def kfan_env(docs: list[dict[str, Any]]) -> dict[str, str]:
+    """The container's environment: its env entries and the ConfigMaps it loads whole."""
+    c = container(docs)
+    env = {e["name"]: e.get("value", "") for e in c.get("env", [])}
+    configmaps = {d["metadata"]["name"]: d.get("data", {}) for d in docs if d["kind"] == "ConfigMap"}
+    for source in c.get("envFrom", []):
+        if "configMapRef" in source:
+            env.update(configmaps[source["configMapRef"]["name"]])
+    return env
+
+
+def port_number(c: dict[str, Any], port: int | str) -> int:
+    if isinstance(port, int):
+        return port
+    return next(p["containerPort"] for p in c["ports"] if p["name"] == port)
+
+
+# ---- schema validation ----
+
+
+def _strict(schema: Any) -> Any:
+    """A CRD's structural schema as JSON Schema that, like the API server, refuses unknown fields."""
+    if isinstance(schema, list):
+        return [_strict(s) for s in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {k: _strict(v) for k, v in schema.items() if not k.startswith("x-kubernetes-")}
+    if schema.get("x-kubernetes-int-or-string"):
+        out.pop("type", None)
+        out["anyOf"] = [{"type": "integer"}, {"type": "string"}]
+    if "properties" in schema and "additionalProperties" not in schema and not schema.get("x-kubernetes-preserve-unknown-fields"):
+        out["additionalProperties"] = False
+    return out
+
+
+def _crd_schema(path: Path, version: str) -> dict[str, Any]:
+    crd = next(d for d in yaml.safe_load_all(path.read_text()) if d)
+    schema = next(v["schema"]["openAPIV3Schema"] for v in crd["spec"]["versions"] if v["name"] == version)
+    return _strict(schema)
+
+
+SERVICEMONITOR_SCHEMA = _crd_schema(CHART / "ci" / "servicemonitor-crd.yaml", "v1")
+
+
+def validate(doc: dict[str, Any]) -> None:
+    """Raise unless the object is valid for every Kubernetes version the chart supports."""
+    meta = doc["metadata"]
+    # Object names: DNS-1123 labels (Services are the strictest: 63 characters, a letter first).
+    assert re.fullmatch(r"[a-z]([-a-z0-9]{0,61}[a-z0-9])?", meta["name"]), meta["name"]
+    assert meta["namespace"]
+    if doc["kind"] == "ServiceMonitor":
+        jsonschema.Draft7Validator(SERVICEMONITOR_SCHEMA).validate(doc)
+        return
+    for version in K8S_VERSIONS:
+        kubernetes_validate.validate(doc, version, strict=True)
+
+
+# ---- the tests ----
+
+
+def test_default_render_is_valid_and_advertises_the_service() -> None:
+    docs = render(BASE)
+    assert sorted(d["kind"] for d in docs) == ["ConfigMap", "Deployment", "PodDisruptionBudget", "Service", "ServiceAccount"]
+    for doc in docs:
+        validate(doc)
+    service = one(docs, "Service")
+    kafka_port = next(p["port"] for p in service["spec"]["ports"] if p["name"] == "kafka")
+    env = kfan_env(docs)
+    assert env["KFAN_ADVERTISE"] == f"{service['metadata']['name']}.{NAMESPACE}.svc.cluster.local:{kafka_port}"
+    assert env["KFAN_ADVERTISE"] == "prod-kfan.streaming.svc.cluster.local:9092"
+    assert env["KFAN_BOOTSTRAP"] == BOOTSTRAP
+    # The Service sends clients to the kfan pods.
+    pod_labels = one(docs, "Deployment")["spec"]["template"]["metadata"]["labels"]
+    assert service["spec"]["selector"].items() <= pod_labels.items()
+    assert f"    {env['KFAN_ADVERTISE']}\n" in notes(BASE)
+
+
+def test_advertise_follows_service_port_and_cluster_domain_or_is_taken_as_given() -> None:
+    env = kfan_env(render(BASE | {"service": {"port": 19092}, "clusterDomain": "corp.internal", "fullnameOverride": "edge"}))
+    assert env["KFAN_ADVERTISE"] == "edge.streaming.svc.corp.internal:19092"
+    env = kfan_env(render(BASE | {"advertise": "kafka.example.com:443"}))
+    assert env["KFAN_ADVERTISE"] == "kafka.example.com:443"
+
+
+def test_everything_switched_on_is_valid() -> None:
+    docs = render(EVERYTHING)
+    assert {d["kind"] for d in docs} == {
+        "ConfigMap",
+        "Deployment",
+        "HorizontalPodAutoscaler",
+        "PodDisruptionBudget",
+        "Service",
+        "ServiceAccount",
+        "ServiceMonitor",
+    }
+    for doc in docs:
+        validate(doc)
+    # The longest release name Helm allows still makes valid object names.
+    for doc in render(BASE, name="r" * 53):
+        validate(doc)
+
+
+def test_tls_secret_is_mounted_read_only_only_when_enabled() -> None:
+    def pod(values: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+        deployment = next(d for d in render(values) if d["kind"] == "Deployment")
+        spec = deployment["spec"]["template"]["spec"]
+        return spec, spec["containers"][0]
+
+    spec, container = pod(BASE)
+    assert all("secret" not in v for v in spec["volumes"])
+    assert all(m["name"] != "tls" for m in container["volumeMounts"])
+    spec, container = pod(BASE | {"tls": {"enabled": True, "secretName": "kfan-tls", "mountPath": "/certs"}})
+    volume = next(v for v in spec["volumes"] if v["name"] == "tls")
+    assert volume["secret"]["secretName"] == "kfan-tls"
+    mount = next(m for m in container["volumeMounts"] if m["name"] == "tls")
+    assert mount == {"name": "tls", "mountPath": "/certs", "readOnly": True}
+
+
+@pytest.mark.parametrize(
+    ("values", "complaint"),
+    [
+        ({}, "at '/kafka/bootstrap': minLength"),
+        ({"kafka": {"bootstrap": ""}}, "at '/kafka/bootstrap': minLength"),
+        ({"kafka": {"bootstrap": []}}, "at '/kafka/bootstrap': minItems"),
+        ({"kafka": {"bootstrap": "kafka-0"}}, "at '/kafka/bootstrap': 'kafka-0' does not match pattern"),
+        ({"kafka": {"bootstrap": "a:9092"}, "workers": 0}, "at '/workers': minimum"),
+        ({"kafka": {"bootstrap": "a:9092"}, "logLevel": "TRACE"}, "at '/logLevel'"),
+        ({"kafka": {"bootstrap": "a:9092"}, "replicas": 3}, "additional properties 'replicas' not allowed"),
+        ({"kafka": {"bootstrap": "a:9092"}, "tls": {"enabled": True}}, "at '/tls/secretName'"),
+    ],
+)
+def test_schema_rejects_bad_values(values: dict[str, Any], complaint: str) -> None:
+    with pytest.raises(helm.HelmValuesError) as caught:
+        render(values)
+    assert "values don't meet the specifications of the schema" in str(caught.value)
+    assert complaint in str(caught.value)
+
+
+def test_probes_hit_healthz_and_readyz_on_the_metrics_listener() -> None:
+    for values in (BASE, BASE | {"containerPorts": {"metrics": 9300}}):
+        docs = render(values)
+        c = container(docs)
+        metrics_port = values.get("containerPorts", {}).get("metrics", 9100)
+        live, ready = c["livenessProbe"]["httpGet"], c["readinessProbe"]["httpGet"]
+        assert live["path"] == "/healthz" and ready["path"] == "/readyz"
+        assert port_number(c, live["port"]) == port_number(c, ready["port"]) == metrics_port
+        # ... which is where kfan serves them.
+        options = resolve(vars(build_parser().parse_args(c["args"])), kfan_env(docs))
+        assert options["metrics_listen"] == ("0.0.0.0", metrics_port)
+        service_port = next(p for p in one(docs, "Service")["spec"]["ports"] if p["name"] == "metrics")
+        assert port_number(c, service_port["targetPort"]) == metrics_port
+
+
+def test_every_kfan_variable_and_flag_is_a_real_kfan_option(tmp_path: Path) -> None:
+    for values, bootstrap in (
+        (BASE, [("kafka-0.kafka-headless.kafka.svc", 9092), ("kafka-1.kafka-headless.kafka.svc", 9092)]),
+        (EVERYTHING, [("kafka-0.kafka", 9092), ("kafka-1.kafka", 9092)]),
+    ):
+        docs = render(values)
+        env = kfan_env(docs)
+        assert {k for k in env if k.startswith("KFAN_")} <= KFAN_ENV
+        c = container(docs)
+        flags = {a[2:].split("=")[0] for a in c["args"] if a.startswith("--")}
+        assert flags <= OPTION_NAMES
+        # kfan's own parsers take every value the chart hands it.
+        if "KFAN_CONFIG" in env:
+            config_file = tmp_path / "kfan.toml"
+            config_file.write_text(values["configFile"])
+            env["KFAN_CONFIG"] = str(config_file)
+        options = resolve(vars(build_parser().parse_args(c["args"])), env)
+        assert options["bootstrap"] == bootstrap
+    assert options["advertise"] == ("kfan.example.com", 19092)
+    assert options["listen"] == ("0.0.0.0", 9192)
+    assert (options["node_id"], options["workers"], options["log_level"], options["log_json"]) == (7, 2, "DEBUG", True)
+    assert (options["shutdown_timeout"], options["max_inflight"], options["max_frame_bytes"]) == (12.5, 512, 52428800)
+    assert str(options["capture"]) == "/capture"
+
+
+def test_extra_env_takes_kfan_options_the_chart_does_not_set_and_nothing_else() -> None:
+    accepted, owned = set(), set()
+    for o in OPTIONS:
+        try:
+            env = kfan_env(render(BASE | {"extraEnv": {o.env: "1"}}))
+        except helm.HelmRenderError as e:
+            assert f"extraEnv.{o.env}: the chart sets {o.env} from the value" in str(e)
+            owned.add(o.env)
+        else:
+            assert env[o.env] == "1"
+            accepted.add(o.env)
+    # Every option of kfan can be set one way or the other.
+    assert accepted | owned == {o.env for o in OPTIONS}
+    assert {"KFAN_BOOTSTRAP", "KFAN_LISTEN", "KFAN_METRICS_LISTEN", "KFAN_SHUTDOWN_TIMEOUT"} <= owned
+    with pytest.raises(helm.HelmRenderError, match="extraEnv.KFAN_BOOTSTRAP_SERVERS: not an option of kfan serve"):
+        render(BASE | {"extraEnv": {"KFAN_BOOTSTRAP_SERVERS": "a:9092"}})
+    with pytest.raises(helm.HelmRenderError, match='configFile: "metrics-listen" is set by the chart'):
+        render(BASE | {"configFile": 'max-inflight = 5\nmetrics-listen = "0.0.0.0:1"\n'})
+
+
+def test_pdb_hpa_and_servicemonitor_render_only_when_enabled_and_validate() -> None:
+    off = render(BASE | {"podDisruptionBudget": {"enabled": False}})
+    assert not {d["kind"] for d in off} & {"PodDisruptionBudget", "HorizontalPodAutoscaler", "ServiceMonitor"}
+
+    docs = render(BASE)
+    pdb, deployment = one(docs, "PodDisruptionBudget"), one(docs, "Deployment")
+    assert pdb["spec"] == {"minAvailable": 1, "selector": deployment["spec"]["selector"]}
+    # One replica: a budget that could never be met would block node drains.
+    assert one(render(BASE | {"replicaCount": 1}), "PodDisruptionBudget")["spec"]["maxUnavailable"] == 1
+    with pytest.raises(helm.HelmRenderError, match="not both"):
+        render(BASE | {"podDisruptionBudget": {"minAvailable": 1, "maxUnavailable": 1}})
+
+    docs = render(BASE | {"autoscaling": {"enabled": True, "minReplicas": 3, "maxReplicas": 9}})
+    hpa, deployment = one(docs, "HorizontalPodAutoscaler"), one(docs, "Deployment")
+    validate(hpa)
+    assert hpa["spec"]["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": "Deployment", "name": deployment["metadata"]["name"]}
+    assert (hpa["spec"]["minReplicas"], hpa["spec"]["maxReplicas"]) == (3, 9)
+    assert hpa["spec"]["metrics"][0]["resource"] == {"name": "cpu", "target": {"type": "Utilization", "averageUtilization": 70}}
+    assert "replicas" not in deployment["spec"]  # the HPA owns it
+    with pytest.raises(helm.HelmRenderError, match="minReplicas"):
+        render(BASE | {"autoscaling": {"enabled": True, "minReplicas": 5, "maxReplicas": 3}})
+
+    docs = render(BASE | {"serviceMonitor": {"enabled": True}})
+    monitor, service = one(docs, "ServiceMonitor"), one(docs, "Service")
+    validate(monitor)
+    assert monitor["spec"]["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
+    (endpoint,) = monitor["spec"]["endpoints"]
+    assert endpoint["path"] == "/metrics" and endpoint["port"] in {p["name"] for p in service["spec"]["ports"]}
+    # The CRD's schema does bite: a typo is refused.
+    monitor["spec"]["endpoints"][0]["intervall"] = "30s"
+    with pytest.raises(jsonschema.ValidationError):
+        validate(monitor)
+
+
+def test_helm_lint_passes() -> None:
+    for values in (BASE, EVERYTHING):
+        report = helm.lint(CHART, values, strict=True, namespace=NAMESPACE)
+        problems = [m for m in report["messages"] if m["severity"] >= 2]
+        assert report["errors"] == [] and problems == [], report
+    # Lint does report a chart that cannot be installed as it is.
+    report = helm.lint(CHART, None, namespace=NAMESPACE)
+    assert any("/kafka/bootstrap" in e for e in report["errors"]), report
+
+
+def test_container_runs_kfan_serve_as_the_dockerfile_builds_it() -> None:
+    docs = render(BASE)
+    c = container(docs)
+    assert c["command"] == ["kfan"]
+    assert c["args"][0] == "serve"
+    # `kfan` is kfan's console script, and the real CLI accepts these arguments.
+    assert tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]["kfan"] == "proxy.cli:main"
+    assert build_parser().parse_args(c["args"]).command == "serve"
+    done = subprocess.run([sys.executable, "-m", "proxy", *c["args"], "--help"], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+
+    dockerfile = (ROOT / "Dockerfile").read_text()
+    runtime = dockerfile.rsplit("\nFROM ", 1)[1]
+    assert json.loads(re.search(r"^ENTRYPOINT (.+)$", runtime, re.M).group(1)) == c["command"]
+    assert json.loads(re.search(r"^CMD (.+)$", runtime, re.M).group(1)) == c["args"][:1]
+    user, group = re.search(r"^USER (\d+):(\d+)$", runtime, re.M).groups()
+    pod = one(docs, "Deployment")["spec"]["template"]["spec"]["securityContext"]
+    assert (pod["runAsUser"], pod["runAsGroup"]) == (int(user), int(group))
+    exposed = {int(p) for p in re.search(r"^EXPOSE (.+)$", runtime, re.M).group(1).split()}
+    assert {p["containerPort"] for p in c["ports"]} == exposed
+    # The build context holds every package pyproject.toml installs.
+    ignored = {line.strip() for line in (ROOT / ".dockerignore").read_text().splitlines()}
+    packages = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]
+    assert not ignored & {*packages, "pyproject.toml", "README.md"}
+
+
+def test_security_context_is_non_root_with_a_read_only_root() -> None:
+    docs = render(BASE)
+    pod = one(docs, "Deployment")["spec"]["template"]["spec"]
+    c = container(docs)
+    assert pod["securityContext"]["runAsNonRoot"] is True and pod["securityContext"]["runAsUser"] != 0
+    assert c["securityContext"]["readOnlyRootFilesystem"] is True
+    assert c["securityContext"]["allowPrivilegeEscalation"] is False
+    assert c["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+    assert pod["automountServiceAccountToken"] is False
+    tmp = next(m for m in c["volumeMounts"] if m["mountPath"] == "/tmp")
+    assert "emptyDir" in next(v for v in pod["volumes"] if v["name"] == tmp["name"])
+
+
+def test_grace_period_covers_the_prestop_sleep_and_kfans_drain() -> None:
+    for values, grace in (
+        (BASE, 5 + 25 + 5),
+        (BASE | {"shutdownTimeoutSeconds": 60}, 5 + 60 + 5),
+        (BASE | {"shutdownTimeoutSeconds": 9.2, "preStopSleepSeconds": 0}, 0 + 10 + 5),
+        (BASE | {"terminationGracePeriodSeconds": 120}, 120),
+    ):
+        docs = render(values)
+        pod = one(docs, "Deployment")["spec"]["template"]["spec"]
+        assert pod["terminationGracePeriodSeconds"] == grace
+        drain = float(kfan_env(docs)["KFAN_SHUTDOWN_TIMEOUT"])
+        assert drain == values.get("shutdownTimeoutSeconds", 25)
+        sleep = values.get("preStopSleepSeconds", 5)
+        hook = pod["containers"][0].get("lifecycle", {}).get("preStop")
+        assert (hook["exec"]["command"] == ["sleep", str(sleep)]) if sleep else hook is None
+        assert grace >= sleep + drain + 5
+    with pytest.raises(helm.HelmRenderError, match="terminationGracePeriodSeconds 30 is shorter than kfan's shutdown"):
+        render(BASE | {"terminationGracePeriodSeconds": 30})
+
+
+def test_anti_affinity_and_topology_spread() -> None:
+    def pod(values: dict[str, Any]) -> dict[str, Any]:
+        return one(render(BASE | values), "Deployment")["spec"]["template"]["spec"]
+
+    selector = one(render(BASE), "Deployment")["spec"]["selector"]
+    soft = pod({})["affinity"]["podAntiAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"][0]["podAffinityTerm"]
+    assert soft["labelSelector"] == selector and soft["topologyKey"] == "kubernetes.io/hostname"
+    hard = pod({"podAntiAffinity": "hard"})["affinity"]["podAntiAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][0]
+    assert hard["labelSelector"] == selector
+    assert "affinity" not in pod({"podAntiAffinity": ""})
+    custom = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": []}}}
+    assert pod({"affinity": custom})["affinity"] == custom
+    zone = {"maxSkew": 1, "topologyKey": "topology.kubernetes.io/zone", "whenUnsatisfiable": "ScheduleAnyway"}
+    own = {"matchLabels": {"tier": "edge"}}
+    spread = pod({"topologySpreadConstraints": [zone, zone | {"labelSelector": own}]})["topologySpreadConstraints"]
+    assert spread == [zone | {"labelSelector": selector}, zone | {"labelSelector": own}]
+
+
+def _leaves(values: dict[str, Any], prefix: str = "") -> list[str]:
+    out = []
+    for k, v in values.items():
+        if isinstance(v, dict) and v and k not in ("podSecurityContext", "securityContext", "resources", "livenessProbe", "readinessProbe"):
+            out += _leaves(v, f"{prefix}{k}.")
+        else:
+            out.append(prefix + k)
+    return out
+
+
+def test_docs_cover_every_value_and_name_only_real_options() -> None:
+    readme = (CHART / "README.md").read_text()
+    sidecar = (CHART / "SIDECAR.md").read_text()
+    values_yaml = (CHART / "values.yaml").read_text()
+    documented = set(re.findall(r"^\| `([^`]+)` \|", readme, re.M))
+    defaults = yaml.safe_load(values_yaml)
+    assert set(_leaves(defaults)) <= documented
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    assert set(schema["properties"]) - {"global"} == set(defaults)
+    for text in (readme, sidecar, values_yaml, (CHART / "templates" / "NOTES.txt").read_text()):
+        assert set(re.findall(r"\bKFAN_[A-Z_]+[A-Z]\b", text)) <= KFAN_ENV
+    # Every kfan command line in the recipes is one kfan's own parser takes.
+    for text in (readme, sidecar):
+        shell = "\n".join(re.findall(r"^```sh\n(.*?)^```", text, re.M | re.S))
+        commands = [shlex.split(m, comments=True) for m in re.findall(r"^(?:\S+=\S+ )*(kfan .*)$", shell, re.M)]
+        args = [m for m in re.findall(r"^ *- (--[a-z-]+=\S+)$", text, re.M)]
+        if args:
+            commands.append(["kfan", "serve", *args])
+        assert commands or text is readme
+        for command in commands:
+            build_parser().parse_args(command[1:])
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _get(url: str) -> int:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as answer:
+            return answer.status
+    except urllib.error.HTTPError as e:
+        return e.code
+    except OSError:
+        return 0
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_rendered_configuration_runs_a_real_kfan(cluster: Any, workers: int) -> None:
+    """The Deployment's command, args and ConfigMap start kfan: ready on /readyz, and
+    SIGTERM ends it well within the pod's grace period."""
+    kafka_port, metrics_port = _free_port(), _free_port()
+    values = BASE | {
+        "kafka": {"bootstrap": cluster.bootstrap},
+        "containerPorts": {"kafka": kafka_port, "metrics": metrics_port},
+        "advertise": f"127.0.0.1:{kafka_port}",
+        "workers": workers,
+        "shutdownTimeoutSeconds": 5,
+    }
+    docs = render(values)
+    c = container(docs)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KFAN_")} | kfan_env(docs)
+    assert c["command"] == ["kfan"]  # the console script; `python -m proxy` is the same command
+    process = subprocess.Popen(
+        [sys.executable, "-m", "proxy", *c["args"]], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    try:
+        metrics = f"http://127.0.0.1:{metrics_port}"
+        deadline = time.monotonic() + 60
+        while _get(metrics + c["readinessProbe"]["httpGet"]["path"]) != 200:
+            assert process.poll() is None, process.communicate()[0]
+            assert time.monotonic() < deadline, "kfan never became ready"
+            time.sleep(0.2)
+        assert _get(metrics + c["livenessProbe"]["httpGet"]["path"]) == 200
+        with socket.create_connection(("127.0.0.1", kafka_port), timeout=5):
+            pass
+        pod = one(docs, "Deployment")["spec"]["template"]["spec"]
+        budget = pod["terminationGracePeriodSeconds"] - values.get("preStopSleepSeconds", 5)
+        started = time.monotonic()
+        process.send_signal(signal.SIGTERM)
+        output = process.communicate(timeout=budget)[0]
+        assert process.returncode == 0, output
+        assert time.monotonic() - started < budget
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.communicate()
