@@ -28,6 +28,7 @@ import trio
 
 from backends.cluster import Cluster, CoordinatorError
 from backends.link import Link, LinkError, Pending
+from backends.topology import Topology
 
 from . import errors, metrics, routing
 from .capture import Capture
@@ -89,7 +90,9 @@ class _Slot:
         self.size = size
         self.started = trio.current_time()
         self.api_key = -1
-        self.captured: tuple[int, bytes] | None = None  # (wall-clock ns at read, the request) when sampled
+        # When sampled: wall-clock ns at read, the request, and the topology its plan used
+        # (not the one current when it is answered: a refresh in between may have moved leaders).
+        self.captured: tuple[int, bytes, Topology | None] | None = None
 
 
 class _Budget:
@@ -178,19 +181,21 @@ class ClientConnection:
             slot = _Slot(len(payload))
             metrics.BYTES.labels("client_in").inc(len(payload) + 4)
             if self.capture is not None and self.capture.sampled():
-                slot.captured = (time.time_ns(), bytes(payload))
+                slot.captured = (time.time_ns(), bytes(payload), None)
             try:
-                plan = plan_request(self._context(), payload)
+                plan = plan_request(ctx := self._context(), payload)
                 if plan.unknown_topics:
                     # Topics created since the last refresh: a broker would know them.
                     await self.cluster.refresh(timeout=2.0)
-                    plan = plan_request(self._context(), payload)
+                    plan = plan_request(ctx := self._context(), payload)
             except (Malformed, Unsupported) as e:
                 key, version, cid = peek_request(payload)
                 log.warning("client %s: closing on request api_key=%s v%s correlation_id=%s: %s", self.id, key, version, cid, e)
                 raise _Close from e
             h = plan.header
             slot.api_key = h.api_key
+            if slot.captured is not None:
+                slot.captured = (slot.captured[0], slot.captured[1], ctx.topology)
             metrics.CLIENT_REQUESTS.labels(str(h.api_key), str(h.api_version)).inc()
             metrics.FANOUT.labels(str(h.api_key)).observe(len(plan.subs))
             metrics.INFLIGHT.inc()
@@ -446,7 +451,7 @@ class ClientConnection:
             slot.parts = [response_header(h.api_key, h.api_version, h.correlation_id), *body]
         slot.done.set()
         if slot.captured is not None and self.capture is not None:
-            ts_start, request = slot.captured
+            ts_start, request, topology = slot.captured
             # Each broker answer as the merge saw it (None: failed, or not in yet).
             used = {t: (a if isinstance(a, bytes | bytearray | memoryview) else None) for t, a in (answers or {}).items()}
             subrequests = [
@@ -465,7 +470,7 @@ class ClientConnection:
                 subrequests=subrequests,
                 # The topology used, plus kfan's own identity (replay rewrites answers with it).
                 topology={
-                    **json.loads(self.cluster.topology.to_json()),
+                    **json.loads((topology or self.cluster.topology).to_json()),
                     "kfan": {"node_id": self.identity.node_id, "host": self.identity.host, "port": self.identity.port},
                 },
             )

@@ -9,22 +9,30 @@ stores no payload, and that a killed kfan leaves readable files.
 
 from __future__ import annotations
 
+import datetime
 import json
 import signal
 import time
 import uuid
 from pathlib import Path
 
+import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 from kio.index import load_request_schema, load_response_schema
+from kio.schema.fetch.v12.request import FetchPartition, FetchRequest, FetchTopic
+from kio.schema.metadata.v12.request import MetadataRequest
+from kio.schema.types import TopicName
+from kio.static.primitive import i32, i32Timedelta, i64
 
 from backends.mock import MockCluster
 from backends.topology import Topology
 from proxy.capture import COLUMNS, read_capture
 from proxy.core import Context, Identity, plan_request, request_head
 from proxy.headers import parse_request_header
+from proxy.replay import check_exchange
 from tests.conftest import start_kfan
 from tests.kio_oracle import kio_decode
+from tests.rawclient import RawClient
 
 PAYLOAD = b"secret-payload-"
 
@@ -132,3 +140,41 @@ def test_killed_kfan_leaves_readable_files(cluster: MockCluster, topic: str, tmp
     assert list(tmp_path.glob("*.inprogress")), "the file being written stays partial"
     table = read_capture(tmp_path)  # partial files are skipped, not an error
     assert table.num_rows == 0 or set(table.column_names) == set(COLUMNS)
+
+
+def test_a_row_keeps_the_topology_its_split_used(cluster: MockCluster, tmp_path: Path) -> None:
+    """The leader moves (and kfan learns it) while a Fetch waits at the old leader:
+    the row still names the old leader, the one the sub-fetch went to, so the
+    replay's split matches the recorded one."""
+    topic = f"moved-{uuid.uuid4().hex[:8]}"
+    cluster.create_topic(topic, 1, leaders=[1])
+    metadata = MetadataRequest(topics=None, allow_auto_topic_creation=False, include_topic_authorized_operations=False)
+    fetch = FetchRequest(
+        max_wait=i32Timedelta.parse(datetime.timedelta(milliseconds=2000)),
+        min_bytes=i32(1),
+        topics=(
+            FetchTopic(
+                topic=TopicName(topic),
+                partitions=(FetchPartition(partition=i32(0), fetch_offset=i64(0), partition_max_bytes=i32(1 << 20)),),
+            ),
+        ),
+        forgotten_topics_data=(),
+    )
+    k = start_kfan(cluster.bootstrap, "--capture", str(tmp_path))
+    try:
+        with RawClient((k.host, k.port)) as fetcher, RawClient((k.host, k.port)) as other:
+            other.call(metadata)
+            cid = fetcher.send(fetch)
+            time.sleep(0.3)
+            cluster.set_leader(topic, 0, 2)
+            moved = other.call(metadata)
+            assert [t.partitions[0].leader_id for t in moved.topics if t.name == topic] == [0]  # kfan's node id
+            with pytest.raises(TimeoutError):
+                fetcher.receive(timeout=0.05)  # still waiting at broker 1 after kfan learned the move
+            assert fetcher.receive(timeout=5) is not None
+    finally:
+        assert k.stop() == 0
+    (row,) = [r for r in read_capture(tmp_path).to_pylist() if r["api_key"] == 1 and r["correlation_id"] == cid]
+    assert [s["broker"] for s in row["subrequests"]] == [1]
+    assert Topology.from_json(row["topology"]).leader(topic, 0) == 1
+    assert check_exchange(row).findings == []
