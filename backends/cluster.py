@@ -108,12 +108,7 @@ class Cluster:
         else:
             raise ClusterUnavailable("no bootstrap broker answered: " + "; ".join(tried))
         for node_id, broker in self.topology.brokers.items():
-            try:
-                self.broker_versions[node_id] = await self._api_versions(node_id, broker.host, broker.port)
-                self._set_reachable(node_id, True)
-            except (LinkError, trio.TooSlowError, OSError) as e:
-                self._set_reachable(node_id, False)
-                log.warning("broker %s at %s:%s is unreachable: %s", node_id, broker.host, broker.port, e)
+            await self._probe(node_id, broker.host, broker.port)
         self.api_versions = advertised_versions(list(self.broker_versions.values()))
         self._note_absent()
         self.refreshed_at = trio.current_time()
@@ -177,6 +172,7 @@ class Cluster:
                 self._nursery.start_soon(self._probe, node_id, broker.host, broker.port)
 
     async def _probe(self, node_id: int, host: str, port: int) -> None:
+        """One broker's API versions and reachability (at startup, and after each refresh)."""
         try:
             versions = await self._api_versions(node_id, host, port)
         except (LinkError, trio.TooSlowError, OSError, Malformed) as e:

@@ -92,7 +92,7 @@ class _Slot:
         self.api_key = -1
         # When sampled: wall-clock ns at read, the request, and the topology its plan used
         # (not the one current when it is answered: a refresh in between may have moved leaders).
-        self.captured: tuple[int, bytes, Topology | None] | None = None
+        self.captured: tuple[int, bytes, Topology] | None = None
 
 
 class _Budget:
@@ -180,8 +180,7 @@ class ClientConnection:
             await self._budget.acquire(len(payload))
             slot = _Slot(len(payload))
             metrics.BYTES.labels("client_in").inc(len(payload) + 4)
-            if self.capture is not None and self.capture.sampled():
-                slot.captured = (time.time_ns(), bytes(payload), None)
+            read_at = time.time_ns() if self.capture is not None and self.capture.sampled() else None
             try:
                 plan = plan_request(ctx := self._context(), payload)
                 if plan.unknown_topics:
@@ -194,8 +193,8 @@ class ClientConnection:
                 raise _Close from e
             h = plan.header
             slot.api_key = h.api_key
-            if slot.captured is not None:
-                slot.captured = (slot.captured[0], slot.captured[1], ctx.topology)
+            if read_at is not None:
+                slot.captured = (read_at, bytes(payload), ctx.topology)
             metrics.CLIENT_REQUESTS.labels(str(h.api_key), str(h.api_version)).inc()
             metrics.FANOUT.labels(str(h.api_key)).observe(len(plan.subs))
             metrics.INFLIGHT.inc()
@@ -470,7 +469,7 @@ class ClientConnection:
                 subrequests=subrequests,
                 # The topology used, plus kfan's own identity (replay rewrites answers with it).
                 topology={
-                    **json.loads((topology or self.cluster.topology).to_json()),
+                    **json.loads(topology.to_json()),
                     "kfan": {"node_id": self.identity.node_id, "host": self.identity.host, "port": self.identity.port},
                 },
             )

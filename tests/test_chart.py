@@ -31,6 +31,7 @@ import pytest
 import yaml
 from kubernetes_validate.utils import latest_version
 
+from backends.tansu import _free_port
 from proxy.cli import build_parser
 from proxy.config import OPTIONS, resolve
 
@@ -220,17 +221,16 @@ def test_everything_switched_on_is_valid() -> None:
 
 def test_tls_secret_is_mounted_read_only_only_when_enabled() -> None:
     def pod(values: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
-        deployment = next(d for d in render(values) if d["kind"] == "Deployment")
-        spec = deployment["spec"]["template"]["spec"]
-        return spec, spec["containers"][0]
+        docs = render(values)
+        return one(docs, "Deployment")["spec"]["template"]["spec"], container(docs)
 
-    spec, container = pod(BASE)
+    spec, kfan = pod(BASE)
     assert all("secret" not in v for v in spec["volumes"])
-    assert all(m["name"] != "tls" for m in container["volumeMounts"])
-    spec, container = pod(BASE | {"tls": {"enabled": True, "secretName": "kfan-tls", "mountPath": "/certs"}})
+    assert all(m["name"] != "tls" for m in kfan["volumeMounts"])
+    spec, kfan = pod(BASE | {"tls": {"enabled": True, "secretName": "kfan-tls", "mountPath": "/certs"}})
     volume = next(v for v in spec["volumes"] if v["name"] == "tls")
     assert volume["secret"]["secretName"] == "kfan-tls"
-    mount = next(m for m in container["volumeMounts"] if m["name"] == "tls")
+    mount = next(m for m in kfan["volumeMounts"] if m["name"] == "tls")
     assert mount == {"name": "tls", "mountPath": "/certs", "readOnly": True}
 
 
@@ -466,12 +466,6 @@ def test_docs_cover_every_value_and_name_only_real_options() -> None:
         assert commands or text is readme
         for command in commands:
             build_parser().parse_args(command[1:])
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _get(url: str) -> int:
