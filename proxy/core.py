@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import struct
 import uuid
-from collections.abc import Hashable, Mapping
+from collections import deque
+from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass, field
 from functools import cache
 from typing import Any, Protocol
@@ -27,7 +28,7 @@ from . import errors, partitioned, routing, schema
 from .headers import RequestHeader, parse_request_header, response_body_offset
 from .partitioned import Layout, TopicKey, TopicPartition
 from .routing import Policy
-from .schema import Struct, decode_body, encode_body, request_spec, response_spec
+from .schema import Struct, decode_body, decode_body_costed, encode_body, request_spec, response_spec
 from .wire import Malformed, Parts
 
 
@@ -100,11 +101,17 @@ class Plan:
     subs: dict[Target, SubRequest] = field(default_factory=dict)
     merge: Merge | None = None
     unknown_topics: set[TopicKey] = field(default_factory=set)  # named but not in the topology
+    unknown_coordinators: set[Coordinator] = field(default_factory=set)  # look these up, then plan again
     reply_errors: dict[tuple[int, int], int] = field(default_factory=dict)  # a local reply's errors, as Outcome.errors
     hold_ms: int = 0  # how long the request itself lets a broker hold it before answering
+    cost: int = 0  # memory the request holds while in flight: its frame plus its decoded form (estimated)
     fetch_min_bytes: int | None = None  # a Fetch: answer once this much data (or an error) is in
     fetch_keys: dict[Target, Hashable] = field(default_factory=dict)  # per sub-fetch, what it asks, order aside
     fetch_partitions: dict[Target, frozenset[TopicPartition]] = field(default_factory=dict)  # per sub-fetch, its partitions
+
+
+def _no_coordinator(c: Coordinator) -> int | None:
+    return None
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,6 +119,10 @@ class Context:
     identity: Identity
     topology: Topology
     api_versions: Mapping[int, tuple[int, int]]  # what kfan advertises
+    # The broker coordinating a group or transaction, when known (the I/O layer's cache).
+    coordinator_of: Callable[[Coordinator], int | None] = _no_coordinator
+    # The I/O layer has already looked up this request's unknown coordinators.
+    coordinators_looked_up: bool = False
 
 
 # --- ApiVersions ------------------------------------------------------------
@@ -171,7 +182,7 @@ def plan_request(ctx: Context, payload: bytes | memoryview) -> Plan:
     spec = request_spec(hdr.api_key, hdr.api_version)
     # Brokers ignore bytes after a request body (librdkafka sends some with
     # Metadata v13); so do we. Whole-forwarded requests keep them.
-    request = decode_body(spec, payload, hdr.body_offset, allow_trailing=True)
+    request, decoded_cost = decode_body_costed(spec, payload, hdr.body_offset, allow_trailing=True, max_cost=decode_allowance(len(payload)))
     policy = routing.ROUTES[hdr.api_key]
     if policy is Policy.LEADER:
         plan = _plan_partitioned(ctx, hdr, payload, request)
@@ -182,7 +193,20 @@ def plan_request(ctx: Context, payload: bytes | memoryview) -> Plan:
     else:
         plan = _plan_any(ctx, hdr, payload, request)
     plan.hold_ms = hold_ms(request)
+    plan.cost = len(payload) + decoded_cost
     return plan
+
+
+# A decoded request may take this many times its frame's bytes (or the floor):
+# honest requests stay well under it (a Fetch partition is 33 bytes on the
+# wire and ~400 decoded), while a frame of a million empty entries, which no
+# client sends, is refused as malformed instead of costing 160 times its size.
+DECODE_ALLOWANCE = 32
+DECODE_FLOOR = 1 << 20
+
+
+def decode_allowance(frame_bytes: int) -> int:
+    return max(DECODE_FLOOR, DECODE_ALLOWANCE * frame_bytes)
 
 
 # Request fields by which a client lets the broker hold its request: Produce
@@ -215,6 +239,27 @@ def _reencoded(hdr: RequestHeader, payload: memoryview, request: Struct, expect_
 def decode_answer(hdr: RequestHeader, answer: memoryview | bytes) -> Struct:
     spec = response_spec(hdr.api_key, hdr.api_version)
     return decode_body(spec, answer, response_body_offset(answer, hdr.api_key, hdr.api_version), allow_trailing=True)
+
+
+def decode_answers(
+    hdr: RequestHeader, answers: Mapping[Target, Answer], failure_code: int
+) -> tuple[dict[Target, Struct], dict[Target, int]]:
+    """Each broker's answer decoded, or its failure code.
+
+    An answer that does not decode is that broker's failure (``failure_code``),
+    not the request's: the other brokers' parts are answered as usual.
+    """
+    decoded: dict[Target, Struct] = {}
+    failed: dict[Target, int] = {}
+    for target, answer in answers.items():
+        if isinstance(answer, int):
+            failed[target] = answer
+            continue
+        try:
+            decoded[target] = decode_answer(hdr, answer)
+        except Malformed:
+            failed[target] = failure_code
+    return decoded, failed
 
 
 def _passthrough_body(hdr: RequestHeader, answer: memoryview | bytes) -> Parts:
@@ -284,13 +329,8 @@ def _plan_partitioned(ctx: Context, hdr: RequestHeader, payload: memoryview, req
             plan_subs[target] = _reencoded(hdr, payload, sub, expect)
 
     def merge(answers: Mapping[Target, Answer], marks: Mapping[TopicPartition, Marks] = {}, /) -> Outcome:  # noqa: B006
-        decoded: dict[Hashable, Struct] = {}
-        failed: dict[Target, int] = {}
-        for target, answer in answers.items():
-            if isinstance(answer, int):
-                failed[target] = answer
-            else:
-                decoded[target] = decode_answer(hdr, answer)
+        # An undecodable answer may still have been acted on (a Produce written).
+        decoded, failed = decode_answers(hdr, answers, broker_failure_code(api_key, written=True))
 
         def error_of(tp: TopicPartition) -> int:
             if tp in unroutable_codes:
@@ -401,7 +441,10 @@ def answer_marks(hdr: RequestHeader, answer: Answer) -> dict[TopicPartition, Mar
     if isinstance(answer, int):
         return {}
     _, layout = layouts(routing.FETCH, hdr.api_version)
-    return _marks_of(decode_answer(hdr, answer), layout)
+    try:
+        return _marks_of(decode_answer(hdr, answer), layout)
+    except Malformed:
+        return {}
 
 
 def _finish_fetch(
@@ -481,7 +524,10 @@ def fetch_satisfied(hdr: RequestHeader, answers: Mapping[Target, Answer], min_by
             if answer != NO_ANSWER_YET:
                 return True
             continue
-        decoded = decode_answer(hdr, answer)
+        try:
+            decoded = decode_answer(hdr, answer)
+        except Malformed:
+            return True  # a failure to report for that broker's partitions
         if decoded.get("error_code"):
             return True
         for t in decoded["responses"]:
@@ -565,7 +611,7 @@ def _plan_coordinator(ctx: Context, hdr: RequestHeader, payload: memoryview, req
     if len(set(keys)) > 1:
         batch = batch_of(hdr.api_key, request)
         assert batch is not None
-        return _plan_batch(hdr, payload, request, batch)
+        return _plan_batch(ctx, hdr, payload, request, batch)
     target = keys[0]
 
     def merge(answers: Mapping[Target, Answer]) -> Outcome:
@@ -576,11 +622,16 @@ def _plan_coordinator(ctx: Context, hdr: RequestHeader, payload: memoryview, req
         # reads its error codes, so an answer that breaks the schema (the mock's
         # null OffsetFetch topics) still reaches the client, as it would directly.
         try:
+            body = _passthrough_body(hdr, answer)
+        except Malformed:
+            # Not even its header parses: nothing of it can reach the client.
+            return Outcome(_coordinator_error_body(hdr, request), moved={target})
+        try:
             codes = _error_codes(decode_answer(hdr, answer))
         except Malformed:
             codes = []
         moved = {target} if any(c in errors.COORDINATOR_MOVED for c in codes) else set()
-        return Outcome(_passthrough_body(hdr, answer), moved=moved)
+        return Outcome(body, moved=moved)
 
     return Plan(hdr, True, subs={target: _whole(hdr, payload)}, merge=merge)
 
@@ -611,44 +662,53 @@ def _batch_error_entry(hdr: RequestHeader, batch: Batch, request_entry: Any, cod
     return entry
 
 
-def _plan_batch(hdr: RequestHeader, payload: memoryview, request: Struct, batch: Batch) -> Plan:
-    """One sub-request per coordinator key, each keeping the client's order; merged back in that order."""
+def _plan_batch(ctx: Context, hdr: RequestHeader, payload: memoryview, request: Struct, batch: Batch) -> Plan:
+    """One sub-request per coordinating broker, each keeping the client's order; merged back in that order.
+
+    Keys whose coordinator is unknown are first resolved by the I/O layer, all
+    at once (the plan asks for them in ``unknown_coordinators``): a request
+    naming thousands of groups costs a few lookups and a few sub-requests, not
+    thousands. Keys still unknown after that are answered NOT_COORDINATOR
+    without being sent; the client looks them up again.
+    """
     entries = request[batch.request_array]
-    subs: dict[Target, SubRequest] = {}
+    by_target: dict[Target, list[Any]] = {}
+    keys_of: dict[Target, set[Coordinator]] = {}
+    unknown: set[Coordinator] = set()
     for e in entries:
-        key = Coordinator(batch.key_type, _batch_key(batch, e))
-        if key not in subs:
-            mine = [x for x in entries if _batch_key(batch, x) == key.key]
-            subs[key] = _reencoded(hdr, payload, {**request, batch.request_array: mine})
+        c = Coordinator(batch.key_type, _batch_key(batch, e))
+        node = ctx.coordinator_of(c)
+        target: Target = node if node is not None and node in ctx.topology.brokers else c
+        if target is c:
+            unknown.add(c)
+            if ctx.coordinators_looked_up:
+                continue
+        by_target.setdefault(target, []).append(e)
+        keys_of.setdefault(target, set()).add(c)
+    if len(unknown) > 1 and not ctx.coordinators_looked_up:
+        return Plan(hdr, True, unknown_coordinators=unknown)
+    subs: dict[Target, SubRequest] = {t: _reencoded(hdr, payload, {**request, batch.request_array: mine}) for t, mine in by_target.items()}
 
     def merge(answers: Mapping[Target, Answer]) -> Outcome:
         # Per key, the answer's entries in order (a key the client named twice is answered twice).
-        by_key: dict[str, list[Struct]] = {}
+        by_key: dict[str, deque[Struct]] = {}
         throttle = 0
         top_error = 0
         moved: set[Coordinator] = set()
-        failed: dict[str, int] = {}
-        for target, answer in answers.items():
-            assert isinstance(target, Coordinator)
-            if isinstance(answer, int):
-                moved.add(target)
-                failed[target.key] = errors.NOT_COORDINATOR
-                continue
-            d = decode_answer(hdr, answer)
+        decoded, failures = decode_answers(hdr, answers, errors.NOT_COORDINATOR)
+        for target in failures:
+            moved.update(keys_of.get(target, ()))
+        for d in decoded.values():
             throttle = max(throttle, d.get("throttle_time", 0))
             top_error = top_error or d.get("error_code", 0)
             for entry in d[batch.response_array]:
-                by_key.setdefault(entry[batch.response_key], []).append(entry)
+                by_key.setdefault(entry[batch.response_key], deque()).append(entry)
                 if any(c in errors.COORDINATOR_MOVED for c in _error_codes(entry)):
-                    moved.add(target)
+                    moved.add(Coordinator(batch.key_type, entry[batch.response_key]))
         merged = []
         for e in entries:
-            key = _batch_key(batch, e)
-            pending = by_key.get(key)
-            if pending:
-                merged.append(pending.pop(0))
-            else:
-                merged.append(_batch_error_entry(hdr, batch, e, failed.get(key, errors.NOT_COORDINATOR)))
+            pending = by_key.get(_batch_key(batch, e))
+            merged.append(pending.popleft() if pending else _batch_error_entry(hdr, batch, e, errors.NOT_COORDINATOR))
         spec = response_spec(hdr.api_key, hdr.api_version)
         body = spec.blank()
         body[batch.response_array] = merged
@@ -658,6 +718,8 @@ def _plan_batch(hdr: RequestHeader, payload: memoryview, request: Struct, batch:
             body["error_code"] = top_error
         return Outcome(encode_body(spec, body), moved=moved)
 
+    if not subs:
+        return Plan(hdr, True, reply=merge({}).body)
     return Plan(hdr, True, subs=subs, merge=merge)
 
 
@@ -685,13 +747,13 @@ def _plan_every_broker(ctx: Context, hdr: RequestHeader, payload: memoryview) ->
         throttle = 0
         error = 0
         unknown_filters: list[str] = []
+        decoded, failed = decode_answers(hdr, answers, errors.COORDINATOR_NOT_AVAILABLE)
         for broker in brokers:
-            answer = answers[broker]
-            if isinstance(answer, int):
+            d = decoded.get(broker)
+            if d is None:
                 # Part of the list is missing: say so with a retriable code.
                 error = error or errors.COORDINATOR_NOT_AVAILABLE
                 continue
-            d = decode_answer(hdr, answer)
             throttle = max(throttle, d.get("throttle_time", 0))
             error = error or d.get("error_code", 0)
             merged.extend(d[array])
@@ -711,7 +773,8 @@ def _error_codes(value: Any) -> list[int]:
     out: list[int] = []
     if isinstance(value, dict):
         for k, v in value.items():
-            if k.endswith("error_code") and isinstance(v, int):
+            # Unknown tagged fields sit under int keys (schema.TAGS): not error codes.
+            if isinstance(k, str) and k.endswith("error_code") and isinstance(v, int):
                 out.append(v)
             elif isinstance(v, (dict, list)):
                 out.extend(_error_codes(v))
@@ -768,6 +831,13 @@ def _plan_any(ctx: Context, hdr: RequestHeader, payload: memoryview, request: St
         answer = answers[target]
         if isinstance(answer, int):
             return Outcome(_error_body(hdr, answer))
+        try:
+            return _merge_any(answer)
+        except Malformed:
+            # The broker's answer does not parse: the request failed there.
+            return Outcome(_error_body(hdr, errors.NETWORK_EXCEPTION), refresh=True)
+
+    def _merge_any(answer: memoryview | bytes) -> Outcome:
         api_key = hdr.api_key
         spec = response_spec(api_key, hdr.api_version)
         if api_key == routing.METADATA:

@@ -131,37 +131,33 @@ def _unwrap_optional(tp: Any) -> tuple[Any, bool]:
     return tp, False
 
 
+# Estimated memory of decoded values (CPython 3.11 on 64 bits), charged to the
+# reader so that decoding stops before a frame of many tiny entries balloons:
+# a dict per struct plus a slot per field, and per array item its list slot
+# and a small object (an int, a short string, a memoryview header).
+STRUCT_COST = 184
+FIELD_COST = 24
+ITEM_COST = 56
+
+
 def _array(elem_read: ReadFn, elem_write: WriteFn, elem_min: int, flexible: bool, nullable: bool, what: str) -> tuple[ReadFn, WriteFn]:
-    if flexible:
+    read_len = Reader.compact_array_len if flexible else Reader.array_len
+    write_len = Writer.compact_array_len if flexible else Writer.array_len
 
-        def read(r: Reader) -> list[Any] | None:
-            n = r.compact_array_len(elem_min)
-            if n < 0:
-                if nullable:
-                    return None
-                raise Malformed(f"null in non-nullable array {what}")
-            return [elem_read(r) for _ in range(n)]
+    def read(r: Reader) -> list[Any] | None:
+        n = read_len(r, elem_min)
+        if n < 0:
+            if nullable:
+                return None
+            raise Malformed(f"null in non-nullable array {what}")
+        r.charge(n * ITEM_COST)
+        return [elem_read(r) for _ in range(n)]
 
-        def write(w: Writer, v: list[Any] | None) -> None:
-            w.compact_array_len(None if v is None else len(v))
-            if v is not None:
-                for item in v:
-                    elem_write(w, item)
-    else:
-
-        def read(r: Reader) -> list[Any] | None:
-            n = r.array_len(elem_min)
-            if n < 0:
-                if nullable:
-                    return None
-                raise Malformed(f"null in non-nullable array {what}")
-            return [elem_read(r) for _ in range(n)]
-
-        def write(w: Writer, v: list[Any] | None) -> None:
-            w.array_len(None if v is None else len(v))
-            if v is not None:
-                for item in v:
-                    elem_write(w, item)
+    def write(w: Writer, v: list[Any] | None) -> None:
+        write_len(w, None if v is None else len(v))
+        if v is not None:
+            for item in v:
+                elem_write(w, item)
 
     return read, write
 
@@ -278,6 +274,7 @@ def _nullable_struct(sub: StructSpec) -> tuple[ReadFn, WriteFn]:
 
 
 def _decode_struct(spec: StructSpec, r: Reader) -> Struct:
+    r.charge(STRUCT_COST + FIELD_COST * len(spec.fields))
     out: Struct = {}
     for f in spec.fields:
         out[f.name] = f.read(r)
@@ -291,9 +288,13 @@ def _decode_struct(spec: StructSpec, r: Reader) -> Struct:
             body = r.raw(size)
             tf = spec.tagged.get(tag)
             if tf is None:
+                r.charge(ITEM_COST + size)
                 out.setdefault(TAGS, {})[tag] = bytes(body)
             else:
-                out[tf.name] = tf.read(Reader(body))
+                # A tagged field may hold arrays too: its reader draws on the same allowance.
+                sub = Reader(body, max_cost=None if r.max_cost is None else r.max_cost - r.cost)
+                out[tf.name] = tf.read(sub)
+                r.charge(sub.cost)
     return out
 
 
@@ -355,18 +356,27 @@ def is_flexible(api_key: int, version: int) -> bool:
     return bool(load_request_schema(api_key, version).__flexible__)
 
 
-def decode_body(spec: StructSpec, buf: Any, offset: int = 0, *, allow_trailing: bool = False) -> Struct:
+def decode_body(spec: StructSpec, buf: Any, offset: int = 0, *, allow_trailing: bool = False, max_cost: int | None = None) -> Struct:
     """Decode a whole message body; trailing bytes are malformed input.
 
     ``allow_trailing`` accepts bytes after the body, as Kafka does: brokers
     ignore them in requests (librdkafka pads Metadata v13 requests) and
     clients in responses (librdkafka's mock pads Metadata v9+ responses).
+    ``max_cost``: refuse (:class:`Malformed`) a body whose decoded form would
+    take more memory than this (estimated, see ``STRUCT_COST``).
     """
-    r = Reader(buf, offset)
+    return decode_body_costed(spec, buf, offset, allow_trailing=allow_trailing, max_cost=max_cost)[0]
+
+
+def decode_body_costed(
+    spec: StructSpec, buf: Any, offset: int = 0, *, allow_trailing: bool = False, max_cost: int | None = None
+) -> tuple[Struct, int]:
+    """:func:`decode_body`, plus the estimated memory the decoded body takes."""
+    r = Reader(buf, offset, max_cost=max_cost)
     out = spec.decode(r)
     if r.remaining() and not allow_trailing:
         raise Malformed(f"{r.remaining()} trailing bytes after {spec.name}")
-    return out
+    return out, r.cost
 
 
 def encode_body(spec: StructSpec, value: Struct) -> list[bytes | memoryview]:

@@ -30,14 +30,28 @@ class Malformed(ValueError):
 
 
 class Reader:
-    """A cursor over one frame; every read checks what remains."""
+    """A cursor over one frame; every read checks what remains.
 
-    __slots__ = ("buf", "pos", "end")
+    ``cost`` estimates the memory the decoded values take (see
+    :meth:`charge`); a reader with ``max_cost`` refuses input whose decoded
+    form would outgrow it, so a small frame of many tiny entries cannot cost
+    many times its size.
+    """
 
-    def __init__(self, buf: Buffer, pos: int = 0, end: int | None = None) -> None:
+    __slots__ = ("buf", "pos", "end", "cost", "max_cost")
+
+    def __init__(self, buf: Buffer, pos: int = 0, end: int | None = None, max_cost: int | None = None) -> None:
         self.buf = memoryview(buf)
         self.pos = pos
         self.end = len(self.buf) if end is None else end
+        self.cost = 0
+        self.max_cost = max_cost
+
+    def charge(self, n: int) -> None:
+        """Count ``n`` more bytes of decoded values; raise past ``max_cost``."""
+        self.cost += n
+        if self.max_cost is not None and self.cost > self.max_cost:
+            raise Malformed(f"decoded form would take over {self.max_cost} bytes")
 
     def remaining(self) -> int:
         return self.end - self.pos
@@ -234,9 +248,3 @@ class Writer:
 
     def compact_array_len(self, n: int | None) -> None:
         self.uvarint(0 if n is None else n + 1)
-
-
-def uvarint_bytes(v: int) -> bytes:
-    w = Writer()
-    w.uvarint(v)
-    return bytes(w._cur)

@@ -3,10 +3,12 @@
 OffsetFetch v8+, DescribeGroups, DeleteGroups, ConsumerGroupDescribe,
 DescribeTransactions and AddPartitionsToTxn v4+ name several groups or
 transactions, each owned by its own coordinator. For random requests of every
-version: each sub-request carries exactly the entries of one coordinator key,
-in the client's order, and decodes with kio; the merged answer lists every
-requested entry exactly once, in the client's order, with the answer of the
-coordinator that owns it, or NOT_COORDINATOR when that coordinator failed.
+version and random coordinator maps: unknown coordinators are first asked for
+all at once; then each sub-request carries exactly the entries its broker
+coordinates, in the client's order, and decodes with kio; the merged answer
+lists every requested entry exactly once, in the client's order, with the
+answer of the broker that coordinates it, or NOT_COORDINATOR when that broker
+failed or no coordinator was found.
 Also the every-broker APIs: ListGroups, ListTransactions, DescribeLogDirs.
 """
 
@@ -87,30 +89,41 @@ def test_batched_split_then_merge_keeps_every_entry_once_in_client_order(api_key
     payload = payload[: hdr.body_offset] + b"".join(bytes(x) for x in schema.encode_body(schema.request_spec(api_key, version), request))
     assert batch_of(api_key, request) is batch
 
-    plan = plan_request(Context(IDENTITY, Topology(brokers=BROKERS), ALL_VERSIONS), payload)
-    assert set(plan.subs) == {Coordinator(batch.key_type, k) for k in keys}
-    failed = data.draw(st.sets(st.sampled_from(sorted(set(keys)))), label="failed coordinators")
+    first = plan_request(Context(IDENTITY, Topology(brokers=BROKERS), ALL_VERSIONS), payload)
+    assert first.unknown_coordinators == {Coordinator(batch.key_type, k) for k in keys}, "looked up all at once"
+    assert not first.subs
+    # What the lookup found: a coordinating broker per key, or nothing (None).
+    found = {k: data.draw(st.sampled_from([*sorted(BROKERS), None]), label=f"coordinator of {k}") for k in sorted(set(keys))}
+    coordinator_of = {Coordinator(batch.key_type, k): b for k, b in found.items() if b is not None}
+    ctx = Context(IDENTITY, Topology(brokers=BROKERS), ALL_VERSIONS, coordinator_of.get, coordinators_looked_up=True)
+    plan = plan_request(ctx, payload)
+    assert set(plan.subs) == {b for b in found.values() if b is not None}
+    failed_brokers = data.draw(st.sets(st.sampled_from(sorted(BROKERS))), label="failed brokers")
+    failed = {k for k, b in found.items() if b is None or b in failed_brokers}
     answers: dict[Any, Any] = {}
     # Distinct, valid error codes (kio checks them) that say nothing about coordinators.
     marker = dict(zip(sorted(set(keys)), (69, 25, 22, 24), strict=False))
     for target, sub in plan.subs.items():
         sub_request = _sub_request(api_key, version, sub)
         mine = sub_request[batch.request_array]
-        assert [e if batch.request_key is None else e[batch.request_key] for e in mine] == [k for k in keys if k == target.key]
+        assert [e if batch.request_key is None else e[batch.request_key] for e in mine] == [k for k in keys if found[k] == target]
         for name in request:
             if name != batch.request_array:
                 assert sub_request.get(name) == request[name], name
-        if target.key in failed:
+        if target in failed_brokers:
             answers[target] = errors.NETWORK_EXCEPTION
             continue
         spec = schema.response_spec(api_key, version)
         body = spec.blank()
-        body[batch.response_array] = [_answer_entry(api_key, version, batch, e, marker[target.key]) for e in mine]
+        body[batch.response_array] = [
+            _answer_entry(api_key, version, batch, e, marker[e if batch.request_key is None else e[batch.request_key]]) for e in mine
+        ]
         answers[target] = response_header(api_key, version, 77) + b"".join(bytes(x) for x in schema.encode_body(spec, body))
+    if not plan.subs:
+        assert plan.reply is not None and plan.merge is None, "nothing to send: answered at once"
 
-    assert plan.merge is not None
-    outcome = plan.merge(answers)
-    out = kio_decode(load_response_schema(api_key, version), b"".join(bytes(p) for p in outcome.body))
+    body_parts = plan.reply if plan.merge is None else (outcome := plan.merge(answers)).body
+    out = kio_decode(load_response_schema(api_key, version), b"".join(bytes(p) for p in body_parts))
     response = schema.decode_body(schema.response_spec(api_key, version), kio_encode(out))
     entries = response[batch.response_array]
     assert [e[batch.response_key] for e in entries] == keys
@@ -124,7 +137,8 @@ def test_batched_split_then_merge_keeps_every_entry_once_in_client_order(api_key
             assert all(c == errors.NOT_COORDINATOR for c in codes)
         else:
             assert _marker_of(entry) == marker[key]
-    assert outcome.moved == {Coordinator(batch.key_type, k) for k in failed}
+    if plan.merge is not None:
+        assert outcome.moved == {Coordinator(batch.key_type, k) for k in keys if found[k] in failed_brokers}
 
 
 @pytest.mark.parametrize("api_key", sorted(EVERY_BROKER_ARRAYS))
