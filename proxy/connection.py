@@ -5,12 +5,22 @@ resolves coordinators and submits sub-requests to this connection's links in
 the client's order, then hands the wait-and-merge to a task of its own: many
 requests are in flight at once. The writer task writes responses strictly in
 request order. acks=0 Produce requests hold a place in that order but write
-nothing. In-flight requests and buffered request bytes are bounded: when
-either is full the reader stops reading, and TCP pushes back on the client.
+nothing. In-flight requests and held bytes (frames arriving, requests in
+flight with their decoded form, responses unwritten; see :mod:`.budget`) are
+bounded: when either is full the reader stops reading, and TCP pushes back on
+the client.
+
+Every wait has a deadline: a frame must arrive whole within ``frame_timeout``,
+an idle connection is closed after ``idle_timeout`` (Kafka's
+connections.max.idle.ms), and a request may keep a broker no longer than its
+own fields allow, capped by ``max_hold``. A client's EOF or reset ends the
+connection at once, and with it every request in flight and every broker link.
 
 Links to brokers are opened lazily, per broker and per lane (Fetch long-polls
 get a lane of their own so they never stall other requests), and die with the
-connection's nursery.
+connection's nursery. A failure while handling one request ends at most this
+connection (logged with the request's api key, version and correlation id,
+and counted); nothing escapes :meth:`ClientConnection.run`.
 """
 
 from __future__ import annotations
@@ -31,6 +41,7 @@ from backends.link import Link, LinkError, Pending
 from backends.topology import Topology
 
 from . import errors, metrics, routing
+from .budget import Budget, MemoryPool
 from .capture import Capture
 from .core import (
     ANY,
@@ -50,7 +61,7 @@ from .core import (
     plan_request,
 )
 from .frames import FrameReader, frame
-from .headers import peek_request, response_header
+from .headers import RequestHeader, peek_request, response_header
 from .partitioned import TopicPartition
 from .wire import Malformed, Parts
 
@@ -62,8 +73,13 @@ _ids = itertools.count(1)
 class Limits:
     max_frame_bytes: int = 100 * 1024 * 1024
     max_inflight: int = 256
-    max_buffered_bytes: int = 64 * 1024 * 1024
+    max_connection_bytes: int = 64 * 1024 * 1024  # held per connection before its reader waits
     request_timeout: float = 30.0  # beyond the time the request itself allows the broker
+    max_hold: float = 300.0  # the longest a request's own fields may let a broker keep it
+    idle_timeout: float = 600.0  # Kafka's connections.max.idle.ms
+    frame_timeout: float = 30.0  # a frame begun must arrive whole within this
+    max_buffered_bytes: int = 512 * 1024 * 1024  # held for all connections of the process
+    max_connections: int = 10_000
 
 
 # How long an answered, unused sub-fetch may stand in for a new one: the
@@ -75,7 +91,13 @@ FETCH_GRACE = 0.02
 
 
 class _Close(Exception):
-    """End this client connection (the reason is logged where it is raised)."""
+    """End this client connection (the reason is logged and counted where it is raised)."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        if reason != "eof":  # the client's own doing
+            metrics.CLIENT_CLOSES.labels(reason).inc()
 
 
 class _Slot:
@@ -86,8 +108,8 @@ class _Slot:
     def __init__(self, size: int) -> None:
         self.done = trio.Event()
         self.parts: Parts | None = None
-        self.close = False
-        self.size = size
+        self.close: str | None = None  # end the connection here, for this reason
+        self.size = size  # bytes held for it: the request's cost, then its response's too
         self.started = trio.current_time()
         self.api_key = -1
         # When sampled: wall-clock ns at read, the request, and the topology its plan used
@@ -95,29 +117,15 @@ class _Slot:
         self.captured: tuple[int, bytes, Topology] | None = None
 
 
-class _Budget:
-    """Bytes of requests in flight; waits while full (one oversized request may pass alone)."""
-
-    def __init__(self, limit: int) -> None:
-        self.limit = limit
-        self.used = 0
-        self._cond = trio.Condition()
-
-    async def acquire(self, n: int) -> None:
-        async with self._cond:
-            while self.used and self.used + n > self.limit:
-                await self._cond.wait()
-            self.used += n
-
-    async def release(self, n: int) -> None:
-        async with self._cond:
-            self.used -= n
-            self._cond.notify_all()
-
-
 class ClientConnection:
     def __init__(
-        self, stream: trio.SocketStream, cluster: Cluster, identity: Identity, limits: Limits, capture: Capture | None = None
+        self,
+        stream: trio.SocketStream,
+        cluster: Cluster,
+        identity: Identity,
+        limits: Limits,
+        capture: Capture | None = None,
+        pool: MemoryPool | None = None,
     ) -> None:
         self.stream = stream
         self.capture = capture
@@ -127,7 +135,11 @@ class ClientConnection:
         self.id = next(_ids)
         self._links: dict[tuple[int, str], Link] = {}
         self._home: int | None = None
-        self._budget = _Budget(limits.max_buffered_bytes)
+        self._pool = pool if pool is not None else MemoryPool(limits.max_buffered_bytes)
+        self._budget = Budget(limits.max_connection_bytes, self._pool)
+        self._partial = 0  # bytes of frames still arriving, counted in the pool
+        self._last_active = trio.current_time()
+        self._frame_started = 0.0
         self._inflight = 0
         self._draining = False
         self._receiving: trio.CancelScope | None = None
@@ -137,6 +149,7 @@ class ClientConnection:
         self._marks: dict[TopicPartition, Marks] = {}
 
     async def run(self) -> None:
+        """Serve the client until it leaves or must go; never raises (but for cancellation)."""
         try:
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
@@ -148,12 +161,55 @@ class ClientConnection:
             pass
         except* (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as eg:
             log.debug("client %s: connection lost: %r", self.id, eg.exceptions[0])
+        except* Exception as eg:
+            # The last resort: a bug met while serving this client ends this
+            # client's connection, never the process.
+            metrics.CLIENT_CLOSES.labels("internal_error").inc()
+            log.error("client %s: closing after an unexpected error", self.id, exc_info=eg)
         finally:
             metrics.INFLIGHT.dec(self._inflight)  # requests the connection's end abandoned
+            self._budget.release_all()
+            self._pool.sub(self._partial)
+            self._partial = 0
             with trio.CancelScope(shield=True):
                 await trio.aclose_forcefully(self.stream)
 
     # --- reading -------------------------------------------------------------
+
+    def _sync_partial(self, reader: FrameReader) -> None:
+        """Count the bytes of frames still arriving in the process-wide pool."""
+        held = reader.buffered()
+        if held and not self._partial:
+            self._frame_started = trio.current_time()
+        self._pool.add(held - self._partial)
+        self._partial = held
+
+    async def _receive(self, reader: FrameReader) -> bytes | None:
+        """The client's next bytes (b"" at EOF), or None when draining; closes on a deadline."""
+        while True:
+            if self._draining:
+                return None
+            if self._partial:
+                deadline = self._frame_started + self.limits.frame_timeout
+            else:
+                deadline = self._last_active + self.limits.idle_timeout
+            with trio.CancelScope(deadline=deadline) as self._receiving:
+                await self._pool.wait_to_read(self._budget.used + self._partial)
+                data = await self.stream.receive_some(65536)
+                self._last_active = trio.current_time()
+                return data
+            self._receiving = None
+            if self._draining:
+                return None
+            now = trio.current_time()
+            if self._partial and now >= self._frame_started + self.limits.frame_timeout:
+                log.warning("client %s: a frame was not completed within %.0f s, closing", self.id, self.limits.frame_timeout)
+                raise _Close("frame_timeout")
+            if not self._partial and not self._inflight and now >= self._last_active + self.limits.idle_timeout:
+                log.info("client %s: idle for %.0f s, closing", self.id, self.limits.idle_timeout)
+                raise _Close("idle_timeout")
+            # Requests in flight: the connection is not idle. Look again later.
+            self._last_active = max(self._last_active, now - self.limits.idle_timeout / 2)
 
     async def _read(self, send: trio.MemorySendChannel[_Slot]) -> None:
         reader = FrameReader(self.limits.max_frame_bytes)
@@ -162,23 +218,21 @@ class ClientConnection:
                 payload = reader.next_frame()
             except Malformed as e:
                 log.warning("client %s: malformed frame, closing: %s", self.id, e)
-                raise _Close from e
+                raise _Close("malformed") from e
+            self._sync_partial(reader)
             if payload is None:
-                if self._draining:
-                    return  # every complete request read is answered; no new ones
-                with trio.CancelScope() as self._receiving:
-                    data = await self.stream.receive_some(65536)
-                self._receiving = None
-                if self._draining:
-                    return
+                data = await self._receive(reader)
+                if data is None:
+                    return  # draining: every complete request read is answered; no new ones
                 if not data:
+                    # A broker closes on EOF too: what the client still waits for
+                    # is abandoned at once, with its broker links.
                     if reader.pending_partial():
                         log.warning("client %s: connection ended inside a frame", self.id)
-                    return
+                    raise _Close("eof")
                 reader.feed(data)
+                self._sync_partial(reader)
                 continue
-            await self._budget.acquire(len(payload))
-            slot = _Slot(len(payload))
             metrics.BYTES.labels("client_in").inc(len(payload) + 4)
             read_at = time.time_ns() if self.capture is not None and self.capture.sampled() else None
             try:
@@ -187,10 +241,22 @@ class ClientConnection:
                     # Topics created since the last refresh: a broker would know them.
                     await self.cluster.refresh(timeout=2.0)
                     plan = plan_request(ctx := self._context(), payload)
+                if plan.unknown_coordinators:
+                    # A batch naming groups or transactions kfan has not seen: one bulk lookup, then plan by broker.
+                    await self.cluster.find_coordinators(plan.unknown_coordinators)
+                    plan = plan_request(ctx := self._context(coordinators_looked_up=True), payload)
             except (Malformed, Unsupported) as e:
                 key, version, cid = peek_request(payload)
                 log.warning("client %s: closing on request api_key=%s v%s correlation_id=%s: %s", self.id, key, version, cid, e)
-                raise _Close from e
+                raise _Close("malformed" if isinstance(e, Malformed) else "unsupported") from e
+            except Exception as e:
+                key, version, cid = peek_request(payload)
+                log.error(
+                    "client %s: unexpected error planning api_key=%s v%s correlation_id=%s", self.id, key, version, cid, exc_info=True
+                )
+                raise _Close("internal_error") from e
+            await self._budget.acquire(plan.cost)
+            slot = _Slot(plan.cost)
             h = plan.header
             slot.api_key = h.api_key
             if read_at is not None:
@@ -206,7 +272,11 @@ class ClientConnection:
                 self._answer(slot, plan, plan.reply if plan.expect_response else None)
                 continue
             submitted_at = trio.current_time()
-            pendings = await self._submit(plan)
+            try:
+                pendings = await self._submit(plan)
+            except Exception as e:
+                log.error("client %s: unexpected error sending %s", self.id, _describe(h), exc_info=True)
+                raise _Close("internal_error") from e
             self._nursery.start_soon(self._complete, plan, pendings, slot, submitted_at)
 
     def drain(self) -> None:
@@ -215,8 +285,10 @@ class ClientConnection:
         if self._receiving is not None:
             self._receiving.cancel()
 
-    def _context(self) -> Context:
-        return Context(self.identity, self.cluster.topology, self.cluster.api_versions)
+    def _context(self, coordinators_looked_up: bool = False) -> Context:
+        return Context(
+            self.identity, self.cluster.topology, self.cluster.api_versions, self.cluster.known_coordinator, coordinators_looked_up
+        )
 
     async def _submit(self, plan: Plan) -> dict[Target, Pending | int]:
         """Send every sub-request now, in order; coordinators are resolved first."""
@@ -231,26 +303,34 @@ class ClientConnection:
                     out[target] = e.code
                     continue
             elif target is ANY:
-                broker = self._home_broker()
+                home = self._home_broker()
+                if home is None:
+                    out[target] = broker_failure_code(plan.header.api_key, written=False)
+                    continue
+                broker = home
             else:
                 assert isinstance(target, int)
                 broker = target
             if (
                 plan.fetch_min_bytes is not None
-                and (ahead := self._fetch_ahead_for(broker, plan.fetch_keys[target], plan.hold_ms)) is not None
+                and (ahead := self._fetch_ahead_for(broker, plan.fetch_keys[target], self._hold(plan))) is not None
             ):
                 out[target] = ahead
                 continue
             link = self._link(broker, lane)
             if link is None:
-                out[target] = errors.NOT_LEADER_OR_FOLLOWER
+                out[target] = broker_failure_code(plan.header.api_key, written=False)
                 continue
             out[target] = pending = link.submit(sub)
             if plan.fetch_min_bytes is not None:
                 self._fetch_ahead[broker] = (plan.fetch_keys[target], pending, trio.current_time())
         return out
 
-    def _fetch_ahead_for(self, broker: int, wanted: Hashable, max_wait_ms: int) -> Pending | None:
+    def _hold(self, plan: Plan) -> float:
+        """Seconds the request lets a broker keep it, by its own fields, capped by ``max_hold``."""
+        return min(plan.hold_ms / 1000, self.limits.max_hold)
+
+    def _fetch_ahead_for(self, broker: int, wanted: Hashable, max_wait: float) -> Pending | None:
         """The sub-fetch this connection already has in flight to ``broker`` for
         exactly these partitions and offsets. Reusing it, rather than asking
         again, is what lets a slow broker's data arrive at all while a fast
@@ -260,7 +340,7 @@ class ClientConnection:
             return None
         key, pending, sent_at = entry
         now = trio.current_time()
-        if pending.done_at is None and now - sent_at > self.limits.request_timeout + max_wait_ms / 1000:
+        if pending.done_at is None and now - sent_at > self.limits.request_timeout + max_wait:
             # Far past any max_wait: the broker is hung. Closing the link fails
             # this sub-fetch (a retriable error for its partitions) and the next
             # Fetch opens a fresh one.
@@ -274,7 +354,7 @@ class ClientConnection:
         del self._fetch_ahead[broker]
         return None
 
-    def _home_broker(self) -> int:
+    def _home_broker(self) -> int | None:
         if self._home is None or self._home not in self.cluster.topology.brokers:
             self._home = self.cluster.any_broker()
         return self._home
@@ -294,6 +374,16 @@ class ClientConnection:
     # --- completing ----------------------------------------------------------------
 
     async def _complete(self, plan: Plan, pendings: Mapping[Target, Pending | int], slot: _Slot, submitted_at: float) -> None:
+        try:
+            await self._complete_one(plan, pendings, slot, submitted_at)
+        except Exception:
+            # A bug met while answering one request ends this connection (in
+            # order: the responses before it are still written), nothing more.
+            log.error("client %s: unexpected error answering %s", self.id, _describe(plan.header), exc_info=True)
+            slot.close = "internal_error"
+            slot.done.set()
+
+    async def _complete_one(self, plan: Plan, pendings: Mapping[Target, Pending | int], slot: _Slot, submitted_at: float) -> None:
         if not plan.expect_response:
             with trio.move_on_after(self.limits.request_timeout):
                 for p in pendings.values():
@@ -306,13 +396,9 @@ class ClientConnection:
         try:
             outcome = plan.merge(answers, self._marks) if plan.fetch_min_bytes is not None else plan.merge(answers)
         except BrokerUnavailable as e:
-            log.info("client %s: %s", self.id, e)
-            slot.close = True
-            slot.done.set()
-            return
-        except Malformed as e:
-            log.error("client %s: a broker's answer to api_key %s did not parse: %s", self.id, plan.header.api_key, e)
-            slot.close = True
+            # No error code of this response can say a broker failed: close, as a broker would on its own failure.
+            log.info("client %s: %s; closing (%s)", self.id, e, _describe(plan.header))
+            slot.close = "broker_answer"
             slot.done.set()
             return
         self._marks.update(outcome.fetch_marks)
@@ -356,7 +442,7 @@ class ClientConnection:
         # max_wait, as a broker would; sub-fetches sent for it get a short grace
         # past that, older ones (still out from an earlier Fetch) none. Those
         # still out count as "no data yet" and stay for the client's next Fetch.
-        soft = now + plan.hold_ms / 1000
+        soft = now + self._hold(plan)
         hard = soft + (FETCH_GRACE if fetch else self.limits.request_timeout)
         outstanding: set[Target] = set()
         fresh = {t for t, p in pendings.items() if not isinstance(p, int) and p.created_at >= submitted_at}
@@ -448,6 +534,11 @@ class ClientConnection:
         h = plan.header
         if body is not None:
             slot.parts = [response_header(h.api_key, h.api_version, h.correlation_id), *body]
+            # An unwritten response is held for the client too: a client that
+            # does not read its answers stops being read.
+            response_bytes = sum(len(p) for p in slot.parts)
+            self._budget.add(response_bytes)
+            slot.size += response_bytes
         slot.done.set()
         if slot.captured is not None and self.capture is not None:
             ts_start, request, topology = slot.captured
@@ -481,17 +572,26 @@ class ClientConnection:
             await slot.done.wait()
             metrics.INFLIGHT.dec()
             self._inflight -= 1
-            if slot.close:
-                raise _Close
+            if slot.close is not None:
+                raise _Close(slot.close)
             if slot.parts is not None:
                 data = frame(slot.parts)
-                await self.stream.send_all(data)
+                # A client that stops reading its answers must not hold them (and us) for ever.
+                with trio.move_on_after(self.limits.frame_timeout) as writing:
+                    await self.stream.send_all(data)
+                if writing.cancelled_caught:
+                    log.warning("client %s: did not read a response within %.0f s, closing", self.id, self.limits.frame_timeout)
+                    raise _Close("frame_timeout")
                 metrics.BYTES.labels("client_out").inc(len(data))
             if slot.api_key >= 0:
                 metrics.CLIENT_LATENCY.labels(str(slot.api_key)).observe(trio.current_time() - slot.started)
-            await self._budget.release(slot.size)
+            self._budget.release(slot.size)
         # The client closed its side and every response is written.
         scope.cancel()
+
+
+def _describe(h: RequestHeader) -> str:
+    return f"api_key={h.api_key} v{h.api_version} correlation_id={h.correlation_id}"
 
 
 def _broker_label(target: Target) -> str:
@@ -505,8 +605,15 @@ async def serve_client(
     limits: Limits,
     registry: set[ClientConnection] | None = None,
     capture: Capture | None = None,
+    pool: MemoryPool | None = None,
 ) -> None:
-    conn = ClientConnection(stream, cluster, identity, limits, capture)
+    if registry is not None and len(registry) >= limits.max_connections:
+        # As a broker over max.connections: the new connection is closed at once.
+        metrics.CLIENT_CLOSES.labels("max_connections").inc()
+        log.warning("refusing a client connection: %d open, the limit (--max-connections)", len(registry))
+        await trio.aclose_forcefully(stream)
+        return
+    conn = ClientConnection(stream, cluster, identity, limits, capture, pool)
     log.debug("client %s connected", conn.id)
     metrics.CLIENT_CONNECTIONS.inc()
     if registry is not None:

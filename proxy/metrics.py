@@ -46,6 +46,15 @@ REFRESHES = Counter("kfan_topology_refreshes", "Topology refreshes, by result", 
 TOPOLOGY_AGE = Gauge("kfan_topology_age_seconds", "Seconds since the topology was last refreshed", multiprocess_mode="max")
 CAPTURE_DROPPED = Counter("kfan_capture_dropped", "Captured exchanges dropped because the capture writer lagged")
 BROKER_UP = Gauge("kfan_broker_reachable", "1 if kfan reaches the broker, else 0", ["broker"], multiprocess_mode="max")
+CLIENT_CLOSES = Counter(
+    "kfan_client_connections_closed",
+    "Client connections kfan closed itself, by reason (malformed, unsupported, idle_timeout, frame_timeout, "
+    "broker_answer, internal_error, max_connections)",
+    ["reason"],
+)
+BUFFERED_BYTES = Gauge(
+    "kfan_buffered_bytes", "Bytes held for clients: frames arriving, requests in flight, responses unwritten", multiprocess_mode="livesum"
+)
 
 
 def registry() -> CollectorRegistry:

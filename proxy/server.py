@@ -18,6 +18,7 @@ import trio
 from backends.cluster import Cluster
 
 from . import metrics
+from .budget import MemoryPool
 from .capture import Capture, CaptureConfig
 from .connection import ClientConnection, Limits, serve_client
 from .core import Identity
@@ -103,7 +104,13 @@ async def serve(config: ServerConfig, task_status: trio.TaskStatus[Running] = tr
         log.info("kfan listening on %s:%s, advertised as %s:%s (node %s)", host, bound, adv_host, adv_port, config.node_id)
         running = Running(bound, identity, cluster, metrics_port)
         handler = partial(
-            serve_client, cluster=cluster, identity=identity, limits=config.limits, registry=running._connections, capture=capture
+            serve_client,
+            cluster=cluster,
+            identity=identity,
+            limits=config.limits,
+            registry=running._connections,
+            capture=capture,
+            pool=MemoryPool(config.limits.max_buffered_bytes),
         )
         task_status.started(running)
         async with trio.open_nursery() as clients:

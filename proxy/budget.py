@@ -1,0 +1,81 @@
+"""Memory kfan holds for clients: a budget per connection and a cap for the process.
+
+Everything a client makes kfan hold counts: bytes of a frame still arriving,
+requests in flight (their frame plus their decoded form), and responses not
+written yet. A connection's :class:`Budget` makes its reader wait while the
+connection holds more than its share (TCP then pushes back on the client);
+the process-wide :class:`MemoryPool` makes every connection that already
+holds something wait while the whole process is over its cap, so that many
+heavy clients together cannot grow kfan without bound. A connection holding
+less than :data:`POOL_FLOOR` may always read, so light clients keep being
+served while heavy ones wait.
+"""
+
+from __future__ import annotations
+
+import trio
+
+from . import metrics
+
+# Below this, a connection reads even when the process is over its cap: enough
+# for ordinary small requests, so light clients are not starved by heavy ones.
+POOL_FLOOR = 64 * 1024
+
+
+class MemoryPool:
+    """Bytes held for all client connections of this process, against one cap."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.used = 0
+        self._freed = trio.Event()
+
+    def add(self, n: int) -> None:
+        self.used += n
+        metrics.BUFFERED_BYTES.inc(n)
+
+    def sub(self, n: int) -> None:
+        self.used -= n
+        metrics.BUFFERED_BYTES.dec(n)
+        if n > 0:
+            freed, self._freed = self._freed, trio.Event()
+            freed.set()
+
+    def may_read(self, holding: int) -> bool:
+        return self.used < self.limit or holding < POOL_FLOOR
+
+    async def wait_to_read(self, holding: int) -> None:
+        """Return once a connection holding ``holding`` bytes may read more."""
+        while not self.may_read(holding):
+            await self._freed.wait()
+
+
+class Budget:
+    """Bytes one connection holds; :meth:`acquire` waits while full (one oversized request may pass alone)."""
+
+    def __init__(self, limit: int, pool: MemoryPool) -> None:
+        self.limit = limit
+        self.pool = pool
+        self.used = 0
+        self._freed = trio.Event()
+
+    async def acquire(self, n: int) -> None:
+        while self.used and self.used + n > self.limit:
+            await self._freed.wait()
+        self.add(n)
+
+    def add(self, n: int) -> None:
+        """Count ``n`` bytes without waiting (responses: they are already made)."""
+        self.used += n
+        self.pool.add(n)
+
+    def release(self, n: int) -> None:
+        self.used -= n
+        self.pool.sub(n)
+        freed, self._freed = self._freed, trio.Event()
+        freed.set()
+
+    def release_all(self) -> None:
+        """The connection ended: everything it held is free."""
+        if self.used:
+            self.release(self.used)
