@@ -1,0 +1,173 @@
+"""Fuzz target (a): what a client sends, through the frame reader and the planner.
+
+Each case is a byte stream of one to three frames — mostly mutated valid
+requests, sometimes reshaped ones (valid, but with entries duplicated or
+dropped, extreme integers, unknown names), valid ones, random bytes, or a
+size prefix that lies —
+fed to :class:`proxy.frames.FrameReader` in random chunks, each frame it
+yields planned by :func:`proxy.core.plan_request` against a realistic
+context (three brokers, topics with ids, a leaderless partition, one led by a
+broker that is down, a coordinator cache that knows some groups; every API
+version kfan implements advertised), planned again once its coordinators were
+looked up when the plan asks for that, as the connection does.
+
+Contract: the only exceptions are :class:`proxy.wire.Malformed` and
+:class:`proxy.core.Unsupported` (the connection closes). On those, the
+connection logs what :func:`proxy.headers.peek_request` finds, which must not
+raise either. A plan's reply joins into bytes, its fetch keys hash, and every
+sub-request it would send frames into a request a broker can parse.
+"""
+
+from __future__ import annotations
+
+import random
+import struct
+from dataclasses import dataclass
+
+from proxy import schema
+from proxy.core import Plan, Unsupported, request_head
+from proxy.frames import FrameReader, frame
+from proxy.headers import parse_request_header, peek_request
+from proxy.wire import Malformed
+
+from .harness import HANG_SECONDS, Broken, Tally, api_label, check
+from .mutate import mutate, reshape_request, valid_requests
+from .mutate import plan as plan_like_connection
+
+ALLOWED: tuple[type[BaseException], ...] = (Malformed, Unsupported)
+READER = "frame_reader"
+PLANNER = "plan_request"
+
+
+def plan_frame(payload: bytes) -> Plan:
+    """What a client connection does with one frame; raises only what the contract allows (else a finding)."""
+    try:
+        plan = plan_like_connection(payload)
+    except ALLOWED:
+        peek_request(payload)  # the connection logs api key, version and correlation id
+        raise
+    check_plan(plan)
+    return plan
+
+
+def check_plan(plan: Plan) -> None:
+    """The plan's outputs are usable: a reply joins into bytes, sub-requests frame into requests a broker parses."""
+    if plan.reply is not None:
+        b"".join(bytes(p) for p in plan.reply)
+    if not isinstance(plan.hold_ms, int):
+        raise Broken(f"hold_ms {plan.hold_ms!r} is not an int")
+    for target, key in plan.fetch_keys.items():
+        try:
+            hash(key)  # the connection keys its fetch-ahead table by it
+        except TypeError as e:
+            raise Broken(f"fetch key for {target!r} is not hashable: {e}") from e
+    for target, sub in plan.subs.items():
+        wire = frame([request_head(sub), struct.pack(">i", 77), *sub.tail])
+        payload = wire[4:]
+        try:
+            hdr = parse_request_header(payload)
+            schema.decode_body(schema.request_spec(sub.api_key, sub.api_version), payload, hdr.body_offset, allow_trailing=True)
+        except Malformed as e:
+            raise Broken(f"sub-request for {target!r} does not parse: {e}") from e
+        if (hdr.api_key, hdr.api_version, hdr.correlation_id) != (plan.header.api_key, plan.header.api_version, 77):
+            raise Broken(f"sub-request for {target!r} has header {hdr}")
+
+
+# Size prefixes that lie.
+_BAD_SIZES = (-1, -0x80000000, 0, 3, 7, 0x7FFFFFFF, 100 * 1024 * 1024 + 1)
+
+
+@dataclass(frozen=True, slots=True)
+class ClientCase:
+    stream: bytes
+    chunks: tuple[int, ...]  # feed sizes; their sum is len(stream)
+    payloads: tuple[bytes, ...]  # the frames as meant (before any size lie)
+
+
+def make_case(rng: random.Random, corpus: list[bytes]) -> ClientCase:
+    payloads = []
+    stream = bytearray()
+    for _ in range(rng.choice((1, 1, 1, 1, 2, 3))):
+        roll = rng.random()
+        base = rng.choice(corpus)
+        if roll < 0.72:
+            payload = mutate(base, rng)
+        elif roll < 0.84:  # valid but odd: duplicated or dropped entries, extreme values, unknown names
+            payload = reshape_request(base, rng)
+            if rng.random() < 0.3:
+                payload = mutate(payload, rng)
+        elif roll < 0.90:
+            payload = base
+        elif roll < 0.95:
+            payload = rng.randbytes(rng.randint(0, 64))
+        else:  # a real header, a random body
+            payload = base[:8] + rng.randbytes(rng.randint(0, 40))
+        payloads.append(payload)
+        size = len(payload)
+        if rng.random() < 0.08:
+            size = rng.choice((*_BAD_SIZES, size - 1, size + 1, size + rng.randint(2, 300), rng.getrandbits(32) - (1 << 31)))
+        stream += struct.pack(">i", size) + payload
+    chunks: list[int] = []
+    left = len(stream)
+    whole = rng.random() < 0.5
+    while left:
+        n = left if whole else min(left, rng.choice((1, 2, 3, 4, 5, 7, 64, 1000)))
+        chunks.append(n)
+        left -= n
+    return ClientCase(bytes(stream), tuple(chunks), tuple(payloads))
+
+
+def run_case(case: ClientCase, tally: Tally, index: int, hang_seconds: float = HANG_SECONDS) -> None:
+    """Feed the stream as a connection would: frames out of the reader as they complete, each planned."""
+    reader = FrameReader()
+    tally.count(READER)
+    pos = 0
+    for n in case.chunks:
+        reader.feed(case.stream[pos : pos + n])
+        pos += n
+        while True:
+            ok, payload = check(
+                tally,
+                READER,
+                index,
+                lambda: {"stream": case.stream.hex(), "chunks": ",".join(map(str, case.chunks))},
+                (Malformed,),
+                reader.next_frame,
+                hang_seconds=hang_seconds,
+                label=lambda: "FrameReader",
+            )
+            if not ok:
+                return  # the connection closes
+            if payload is None:
+                break
+            tally.count(PLANNER)
+            check(
+                tally,
+                PLANNER,
+                index,
+                lambda p=payload: {"request": p.hex()},  # type: ignore[misc]
+                ALLOWED,
+                lambda p=payload: plan_frame(p),  # type: ignore[misc]
+                hang_seconds=hang_seconds,
+                label=lambda p=payload: api_label(p),  # type: ignore[misc]
+            )
+
+
+def case_rng(seed: int | str, index: int) -> random.Random:
+    return random.Random(f"client {seed} {index}")
+
+
+def campaign(seed: int | str, indexes: range, tally: Tally, hang_seconds: float = HANG_SECONDS, deadline: float | None = None) -> None:
+    """Run the cases ``indexes`` of the campaign ``seed`` (each case reproducible on its own)."""
+    import time
+
+    corpus = valid_requests()
+    for i in indexes:
+        if deadline is not None and time.monotonic() > deadline:
+            return
+        run_case(make_case(case_rng(seed, i), corpus), tally, i, hang_seconds=hang_seconds)
+
+
+def replay(request_hex: str) -> Plan:
+    """Plan one request (hex of a frame payload, no size prefix) under the contract; raises what it raises."""
+    return plan_frame(bytes.fromhex(request_hex))

@@ -1,0 +1,351 @@
+"""Invariant 6, fuzzed: nothing a client or a broker sends may stop kfan.
+
+A bounded, seeded run of each fuzz target (``tests/fuzz``; ``python -m
+tests.fuzz`` runs the long campaign), the inputs the fuzzers start from
+checked against kio, and pinned regressions: inputs that once broke a
+contract (an exception other than the allowed ones, or quadratic work).
+The harness itself is checked to fail when the code breaks a contract.
+"""
+
+from __future__ import annotations
+
+import random
+import struct
+import time
+from typing import Any
+
+import pytest
+from kio.index import load_request_schema, load_response_schema
+
+from backends.topology import Topology
+from proxy import errors, routing, schema
+from proxy.core import BrokerUnavailable, Unsupported, answer_marks, fetch_satisfied
+from proxy.frames import FrameReader
+from proxy.headers import parse_request_header, response_body_offset
+from proxy.wire import Malformed
+from tests.fuzz import broker_answers, client_frames, mutate
+from tests.fuzz.harness import Broken, Tally, check
+from tests.kio_oracle import kio_decode
+
+SEED = "pytest"
+
+
+def _assert_clean(tally: Tally) -> None:
+    assert tally.unexpected() == 0, "\n" + tally.report(examples=2)
+
+
+# --- the fuzzers' starting points are valid ----------------------------------------------------
+
+
+def test_valid_requests_cover_every_advertised_version_and_kio_decodes_them() -> None:
+    seen = set()
+    for payload in mutate.valid_requests():
+        hdr = parse_request_header(payload)
+        seen.add((hdr.api_key, hdr.api_version))
+        kio_decode(load_request_schema(hdr.api_key, hdr.api_version), payload, hdr.body_offset)
+    assert seen == {(k, v) for k, (lo, hi) in mutate.API_VERSIONS.items() for v in range(lo, hi + 1)}
+    assert mutate.valid_requests() == mutate.valid_requests(), "deterministic"
+
+
+def test_valid_requests_plan_and_valid_answers_merge_into_responses_kio_decodes() -> None:
+    merged = 0
+    for payload in mutate.valid_requests():
+        plan = client_frames.plan_frame(payload)
+        if plan.merge is None:
+            continue
+        answers = mutate.valid_answers(plan)
+        for answer in answers.values():
+            offset = response_body_offset(answer, plan.header.api_key, plan.header.api_version)
+            kio_decode(load_response_schema(plan.header.api_key, plan.header.api_version), answer, offset)
+        try:
+            outcome = broker_answers.merge(plan, answers, {})
+        except BrokerUnavailable:
+            continue
+        body = b"".join(bytes(p) for p in outcome.body)
+        kio_decode(load_response_schema(plan.header.api_key, plan.header.api_version), body)
+        merged += 1
+    assert merged > 300
+
+
+# --- bounded campaigns -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("part", range(2))
+def test_client_frames_raise_only_malformed_or_unsupported(part: int) -> None:
+    tally = Tally()
+    client_frames.campaign(SEED, range(part, 16000, 2), tally, hang_seconds=5)
+    assert tally.inputs[client_frames.PLANNER] > 8000
+    _assert_clean(tally)
+
+
+@pytest.mark.parametrize("part", range(2))
+def test_broker_answers_raise_only_broker_unavailable(part: int) -> None:
+    tally = Tally()
+    broker_answers.campaign(SEED, range(part, 10000, 2), tally, hang_seconds=5)
+    assert tally.inputs[broker_answers.MERGE] > 4000
+    assert tally.inputs[broker_answers.SATISFIED] > 200 and tally.inputs[broker_answers.MARKS] > 200
+    assert tally.inputs[broker_answers.CONTROL] > 500, "the control plane's decoders were fuzzed"
+    _assert_clean(tally)
+
+
+# --- pinned regressions: clients --------------------------------------------------------------
+
+CLIENT_REGRESSIONS = {
+    "unknown api key": struct.pack(">hhi", 9999, 0, 1) + b"\x00\x00",
+    "unsupported version": struct.pack(">hhi", 3, 999, 1) + b"\xff\xff",
+    "array count beyond the bytes": struct.pack(">hhih", 3, 1, 1, -1) + struct.pack(">i", 0x7FFFFFFF) + b"\x00\x01a",
+    "compact count beyond the bytes": struct.pack(">hhih", 3, 12, 1, -1) + b"\x00" + b"\xff\xff\xff\xff\x7f",
+    "truncated client id": struct.pack(">hhih", 3, 9, 1, 50) + b"abc",
+    "over-long varint in the header's tag count": struct.pack(">hhih", 3, 12, 1, -1) + b"\xff" * 12 + b"\x01",
+    "header tag size beyond the frame": struct.pack(">hhih", 3, 12, 1, -1) + b"\x01\x05\x7fab",
+    "body tag count beyond the frame": struct.pack(">hhih", 12, 4, 7, 1) + b"x\x00\x02g\x00\x00\x00\x01\x02m\x00\x7f",
+    "invalid utf-8 in a topic name": struct.pack(">hhih", 3, 1, 1, -1) + struct.pack(">ih", 1, 2) + b"\xff\xfe",
+    "frame shorter than a header": b"\x00\x03\x00",
+}
+
+
+@pytest.mark.parametrize("name", list(CLIENT_REGRESSIONS))
+def test_malformed_client_frames(name: str) -> None:
+    tally = Tally()
+    payload = CLIENT_REGRESSIONS[name]
+    ok, _ = check(
+        tally, "plan_request", 0, lambda: {"request": payload.hex()}, client_frames.ALLOWED, lambda: client_frames.plan_frame(payload)
+    )
+    _assert_clean(tally)
+    assert not ok, "malformed input must not plan"
+
+
+@pytest.mark.parametrize("size", [-1, -0x80000000, 0, 7, 0x7FFFFFFF, 100 * 1024 * 1024 + 1])
+def test_frame_reader_refuses_sizes_out_of_bounds_before_buffering(size: int) -> None:
+    reader = FrameReader()
+    reader.feed(struct.pack(">i", size) + b"\x00" * 16)
+    with pytest.raises(Malformed):
+        reader.next_frame()
+
+
+# Huge valid requests, at their newest version: planning and merging must stay
+# linear (the planner once rescanned every entry per group: 16,000 groups in a
+# DescribeGroups took ~15 s of CPU).
+HUGE = [
+    routing.DESCRIBE_GROUPS,
+    routing.DELETE_GROUPS,
+    routing.OFFSET_FETCH,
+    routing.CONSUMER_GROUP_DESCRIBE,
+    routing.DESCRIBE_TRANSACTIONS,
+    routing.ADD_PARTITIONS_TO_TXN,
+    routing.FETCH,
+    routing.PRODUCE,
+    routing.METADATA,
+]
+
+
+@pytest.mark.parametrize("api_key", HUGE, ids=[routing.api_name(k) for k in HUGE])
+def test_huge_requests_plan_and_merge_in_linear_time(api_key: int) -> None:
+    version = mutate.API_VERSIONS[api_key][1]
+    request = mutate.large_request(api_key, version)
+    tally = Tally()
+    ok, plan = check(
+        tally,
+        "plan_large",
+        0,
+        lambda: {"request": request.hex()[:200]},
+        client_frames.ALLOWED,
+        lambda: client_frames.plan_frame(request),
+        hang_seconds=3,
+    )
+    _assert_clean(tally)
+    assert ok
+    if plan.merge is not None and plan.subs:
+        answers = mutate.valid_answers(plan, random.Random(1), lean=True)
+        check(
+            tally,
+            "merge_large",
+            0,
+            lambda: {"request": request.hex()[:200]},
+            broker_answers.MERGE_ALLOWED,
+            lambda: broker_answers.merge(plan, answers, {}),
+            hang_seconds=3,
+        )
+        _assert_clean(tally)
+
+
+# --- pinned regressions: brokers --------------------------------------------------------------
+
+FETCH_V6 = (
+    "00010006000003ea0000ffffffff0000000a001000007fffffff000000000100066f7264657273000000030010000000000000000000000000000000000000000000"
+    "0200000005000001000000000000000100000000000000000000000003ffffffffffffffff000000000000000000000005"
+)
+# name -> (request, what every broker answers: hex payload or an error code,
+#          whether the merged response must decode: not when a coordinator's answer passes through as it came)
+BROKER_REGRESSIONS: dict[str, tuple[str, str | int, bool]] = {
+    # _error_codes called .endswith on the int key of an unknown tagged field.
+    "Heartbeat v4: unknown tag in the coordinator's answer": (
+        "000c00040000000700017800026700000001026d0000",
+        "000000000000000000000001630101",
+        True,
+    ),
+    "DeleteGroups v2: unknown tags in batch answer entries": (
+        "002a0002000003e9000466757a7a00030367320a636f6e73756d65727300",
+        "00000009010702365f0000000a020a636f6e73756d65727300000100024af500",
+        True,
+    ),
+    "OffsetCommit v9: answer with an unknown tag": (
+        "00080009000003e9000466757a7a0007c3a9c3a9c3a97fffffff02610367320100",
+        "00000009001080000001010903b832f8",
+        False,
+    ),
+    # Undecodable answers raised Malformed out of the merges.
+    "Metadata v2: empty answer": ("00030002000003e8ffffffffffff", "", True),
+    "FindCoordinator v0: empty answer": ("000a0000000003e8ffff0000", "", True),
+    "DescribeCluster v0: empty answer": ("003c0000000003e8ffff000100", "", True),
+    "ListPartitionReassignments v0: empty answer": ("002e0000000003e8ffff000000000a02076f726465727302000000010000", "", True),
+    "DescribeTopicPartitions v0: empty answer": (
+        "004b0000000003e8ffff0002076576656e7473000000000001086d697373696e67000000030000",
+        "",
+        True,
+    ),
+    "DescribeGroups v5: empty answer": ("000f0005000003ea000000010100", "", True),
+    "DescribeProducers v0: empty answer": ("003d0000000003e8ffff0002076f726465727302000000000000", "", True),
+    "ListGroups v0: header-only answers": ("00100000000003e8ffff", "00000009", True),
+    "ConsumerGroupDescribe v0: empty answers": ("00450000000003e8ffff00030367310367330100", "", True),
+    "ConsumerGroupDescribe v0 to one coordinator: empty answer": ("00450000000003ea00000002010100", "", True),
+    "Fetch v6: empty answer": (FETCH_V6, "", True),
+    "Fetch v6: random bytes": (FETCH_V6, "068fe8e0c35ba90a86bcab29c6f888eb2a443aca3eaf149b56f9725b4127a7e790e0", True),
+    "Fetch v6: truncated count": (FETCH_V6, "000000090000000a00000002000000", True),
+    "Fetch v6: failed broker": (FETCH_V6, errors.NOT_LEADER_OR_FOLLOWER, True),
+}
+
+
+@pytest.mark.parametrize("name", list(BROKER_REGRESSIONS))
+def test_broker_answers_regressions(name: str) -> None:
+    request_hex, answer, must_decode = BROKER_REGRESSIONS[name]
+    plan = mutate.plan(bytes.fromhex(request_hex))
+    assert plan.merge is not None and plan.subs, "the request still fans out to brokers"
+    answers: dict[Any, Any] = {t: answer if isinstance(answer, int) else bytes.fromhex(answer) for t in plan.subs}
+    tally = Tally()
+    ok, outcome = check(
+        tally, "merge", 0, lambda: {"request": request_hex}, broker_answers.MERGE_ALLOWED, lambda: broker_answers.merge(plan, answers, {})
+    )
+    if plan.header.api_key == routing.FETCH:
+        check(tally, "fetch_satisfied", 0, dict, (), lambda: fetch_satisfied(plan.header, answers, 1))
+        for a in answers.values():
+            check(tally, "answer_marks", 0, dict, (), lambda a=a: answer_marks(plan.header, a))  # type: ignore[misc]
+    _assert_clean(tally)
+    if ok and must_decode:
+        # The client gets a response it can read (a failed part as an error code).
+        schema.decode_body(schema.response_spec(plan.header.api_key, plan.header.api_version), b"".join(bytes(p) for p in outcome.body))
+
+
+def test_fetch_with_an_undecodable_answer_reports_that_brokers_partitions_retriable() -> None:
+    plan = mutate.plan(bytes.fromhex(FETCH_V6))
+    answers = {t: b"" for t in plan.subs}
+    assert fetch_satisfied(plan.header, answers, 1), "an undecodable answer is an error to report at once"
+    assert answer_marks(plan.header, b"") == {}
+    outcome = broker_answers.merge(plan, answers, {})
+    body = schema.decode_body(schema.response_spec(1, 6), b"".join(bytes(p) for p in outcome.body))
+    codes = {p["error_code"] for t in body["responses"] for p in t["partitions"]}
+    assert codes and 0 not in codes
+
+
+# --- the control plane's decoders -------------------------------------------------------------
+
+
+CONTROL_REGRESSIONS = [
+    ("read_api_versions", 3, b""),
+    ("read_api_versions", 3, bytes.fromhex("0000000900000003ffffffff")),
+    ("read_metadata", 12, bytes.fromhex("00000009")),
+    ("read_metadata", 1, bytes.fromhex("00000009") + b"\x7f\xff\xff\xff"),
+    ("read_coordinator", 4, bytes.fromhex("000000090000000000000200")),  # names no coordinator for the key
+    ("read_coordinator", 0, bytes.fromhex("0000000900")),
+]
+
+
+@pytest.mark.parametrize(
+    ("name", "version", "payload"), CONTROL_REGRESSIONS, ids=[f"{n} v{v} {p.hex() or 'empty'}" for n, v, p in CONTROL_REGRESSIONS]
+)
+def test_control_plane_decoders_raise_only_malformed(name: str, version: int, payload: bytes) -> None:
+    fn = broker_answers.decoder(name)
+    args = (0, "g1") if name == "read_coordinator" else ()
+    with pytest.raises(Malformed):
+        fn(payload, version, *args)
+
+
+def test_metadata_the_control_plane_reads_folds_into_a_topology() -> None:
+    for i in range(200):
+        rng = random.Random(f"fold {i}")
+        version, payload, _, _ = broker_answers.control_input("read_metadata", rng)
+        try:
+            metadata = broker_answers.decoder("read_metadata")(payload, version)
+        except Malformed:
+            continue
+        Topology().with_metadata(metadata)
+        mutate.TOPOLOGY.with_metadata(metadata)
+
+
+# --- the harness can fail ---------------------------------------------------------------------
+
+
+def test_campaign_reports_an_exception_plan_request_must_not_raise(monkeypatch: pytest.MonkeyPatch) -> None:
+    real = mutate.plan_request
+
+    def broken(ctx: Any, payload: Any) -> Any:
+        if bytes(payload[:2]) == b"\x00\x03":
+            raise KeyError("topics")
+        return real(ctx, payload)
+
+    monkeypatch.setattr(mutate, "plan_request", broken)
+    tally = Tally()
+    client_frames.campaign(SEED, range(300), tally)
+    assert any(sig[2] == "KeyError" for sig in tally.counts), tally.report()
+
+
+def test_campaign_reports_malformed_escaping_a_merge(monkeypatch: pytest.MonkeyPatch) -> None:
+    real = broker_answers.merge
+
+    def broken(plan: Any, answers: Any, marks: Any) -> Any:
+        if any(not isinstance(a, int) and len(a) < 8 for a in answers.values()):
+            raise Malformed("undecodable answer escaped")
+        return real(plan, answers, marks)
+
+    monkeypatch.setattr(broker_answers, "merge", broken)
+    tally = Tally()
+    broker_answers.campaign(SEED, range(300), tally)
+    assert any(sig[:3] == ("merge", "exception", "Malformed") for sig in tally.counts), tally.report()
+
+
+def test_harness_reports_slow_calls_hangs_and_broken_outputs() -> None:
+    tally = Tally()
+
+    def spin() -> None:
+        end = time.monotonic() + 5
+        while time.monotonic() < end:
+            pass
+
+    check(tally, "t", 1, dict, (), lambda: time.sleep(0.05), slow_seconds=0.01, label=lambda: "Sleep v0")
+    check(tally, "t", 2, dict, (), spin, hang_seconds=0.1, label=lambda: "Spin v0")
+    check(tally, "t", 3, dict, (Malformed,), lambda: (_ for _ in ()).throw(Broken("bad output")))
+    check(tally, "t", 4, dict, (Malformed, Unsupported), lambda: (_ for _ in ()).throw(Unsupported("fine")))
+    kinds = sorted(sig[1] for sig in tally.counts)
+    assert kinds == ["broken", "hang", "slow"]
+
+
+def test_mutators_are_deterministic_and_reach_what_they_claim() -> None:
+    base = mutate.valid_requests()[100]
+    assert mutate.mutate(base, random.Random(5)) == mutate.mutate(base, random.Random(5))
+    outputs = {mutate.mutate(base, random.Random(i)) for i in range(50)}
+    assert len(outputs) > 40 and base not in outputs
+    data = bytearray(base)
+    mutate.overlong_varint(data, random.Random(1))
+    assert b"\xff" * 10 in data or b"\xff\xff\xff\xff" in data or b"\x80\x80\x80\x80" in data
+    flexible = next(p for p in mutate.valid_requests() if schema.is_flexible(*struct.unpack(">hh", p[:4])))
+    api_key, version = 3, mutate.API_VERSIONS[3][1]
+    plan = mutate.plan(next(p for p in mutate.valid_requests() if struct.unpack(">hh", p[:4]) == (api_key, version)))
+    (answer,) = mutate.valid_answers(plan).values()
+    tagged = mutate.with_unknown_tags(api_key, version, answer, random.Random(3))
+    assert tagged != answer
+    body = schema.decode_body(schema.response_spec(api_key, version), tagged, response_body_offset(tagged, api_key, version))
+    assert body.get(schema.TAGS) or any(t.get(schema.TAGS) for t in body["topics"]) or any(b.get(schema.TAGS) for b in body["brokers"])
+    reshaped = {mutate.reshape_request(flexible, random.Random(i)) for i in range(20)}
+    assert len(reshaped) > 1
+    for payload in reshaped:
+        parse_request_header(payload)  # reshaped requests keep a valid header and body
