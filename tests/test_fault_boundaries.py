@@ -11,7 +11,6 @@ broker over real sockets, so the whole path (link, decode, retry) runs.
 
 from __future__ import annotations
 
-import struct
 import time
 import tracemalloc
 import uuid
@@ -27,8 +26,9 @@ from backends.topology import Broker, Topology
 from proxy import errors, routing, schema
 from proxy.core import Context, Coordinator, Identity, answer_marks, fetch_satisfied, plan_request
 from proxy.frames import FrameReader, frame
-from proxy.headers import parse_request_header, request_header_tail, response_header
+from proxy.headers import parse_request_header, response_header
 from proxy.wire import Malformed
+from tests.support.messages import answer_bytes, request_bytes
 
 IDENTITY = Identity(node_id=42, host="kfan.example", port=19092)
 ALL_VERSIONS = {k: (r.start, r.stop - 1) for k in routing.ROUTES if (r := schema.known_versions(k))}
@@ -42,17 +42,6 @@ def _context(brokers: tuple[int, ...] = (1, 2, 3)) -> Context:
         topic_ids={TOPIC_ID: "t"},
     )
     return Context(IDENTITY, topology, ALL_VERSIONS)
-
-
-def _request(api_key: int, version: int, body: dict[str, Any], client_id: str = "c") -> bytes:
-    spec = schema.request_spec(api_key, version)
-    head = struct.pack(">hhi", api_key, version, 7) + request_header_tail(api_key, version, client_id)
-    return head + b"".join(schema.encode_body(spec, {**spec.blank(), **body}))
-
-
-def _answer(api_key: int, version: int, body: dict[str, Any], correlation_id: int = 0) -> bytes:
-    spec = schema.response_spec(api_key, version)
-    return response_header(api_key, version, correlation_id) + b"".join(schema.encode_body(spec, {**spec.blank(), **body}))
 
 
 # --- the reproducers, at the core -------------------------------------------------
@@ -74,7 +63,7 @@ def test_unknown_tagged_field_in_a_coordinators_answer_reaches_the_client() -> N
 
 
 def _fetch_plan() -> tuple[Any, bytes]:
-    request = _request(
+    request = request_bytes(
         routing.FETCH,
         12,
         {
@@ -89,17 +78,17 @@ def _fetch_plan() -> tuple[Any, bytes]:
     return plan_request(_context(), request), request
 
 
-def _fetch_answer(partition: int, records: bytes) -> bytes:
+def _fetchanswer_bytes(partition: int, records: bytes) -> bytes:
     part = schema.response_spec(routing.FETCH, 12).field("responses").struct.field("partitions").struct  # type: ignore[union-attr]
     entry = {**part.blank(), "partition_index": partition, "error_code": 0, "high_watermark": 10, "records": records}  # type: ignore[union-attr]
-    return _answer(routing.FETCH, 12, {"responses": [{"topic": "t", "partitions": [entry]}]})
+    return answer_bytes(routing.FETCH, 12, {"responses": [{"topic": "t", "partitions": [entry]}]})
 
 
 @pytest.mark.parametrize("garbage", [b"\x00\x00\x00\x00\xff\xff\xff", b"\x00\x00", b"", bytes(range(256)) * 3])
 def test_an_undecodable_fetch_answer_fails_only_its_brokers_partitions(garbage: bytes) -> None:
     plan, _ = _fetch_plan()
     assert set(plan.subs) == {1, 2, 3}
-    answers = {1: _fetch_answer(0, b"x" * 70), 2: garbage, 3: _fetch_answer(2, b"")}
+    answers = {1: _fetchanswer_bytes(0, b"x" * 70), 2: garbage, 3: _fetchanswer_bytes(2, b"")}
     # What the I/O layer asks while it waits must not raise either.
     assert fetch_satisfied(plan.header, {2: garbage}, 1), "an undecodable answer is a failure to report at once"
     assert answer_marks(plan.header, garbage) == {}
@@ -116,7 +105,7 @@ def test_an_undecodable_fetch_answer_fails_only_its_brokers_partitions(garbage: 
 
 def test_an_undecodable_produce_answer_is_maybe_written() -> None:
     batch = b"\x00" * 61
-    request = _request(
+    request = request_bytes(
         routing.PRODUCE,
         9,
         {"acks": -1, "timeout": 1000, "topic_data": [{"name": "t", "partition_data": [{"index": p, "records": batch} for p in range(3)]}]},
@@ -130,7 +119,7 @@ def test_an_undecodable_produce_answer_is_maybe_written() -> None:
 
 
 def test_undecodable_answers_in_batched_and_every_broker_merges() -> None:
-    describe = _request(routing.DESCRIBE_GROUPS, 5, {"groups": ["a", "b"]})
+    describe = request_bytes(routing.DESCRIBE_GROUPS, 5, {"groups": ["a", "b"]})
     known = {Coordinator(0, "a"): 1, Coordinator(0, "b"): 2}
     plan = plan_request(Context(IDENTITY, _context().topology, ALL_VERSIONS, known.get, coordinators_looked_up=True), describe)
     assert set(plan.subs) == {1, 2}
@@ -139,10 +128,10 @@ def test_undecodable_answers_in_batched_and_every_broker_merges() -> None:
     assert [(g["group_id"], g["error_code"]) for g in body["groups"]] == [("a", errors.NOT_COORDINATOR), ("b", errors.NOT_COORDINATOR)]
     assert outcome.moved == {Coordinator(0, "a"), Coordinator(0, "b")}
 
-    list_groups = _request(routing.LIST_GROUPS, 4, {"states_filter": []})
+    list_groups = request_bytes(routing.LIST_GROUPS, 4, {"states_filter": []})
     plan = plan_request(_context(), list_groups)
     group = schema.response_spec(routing.LIST_GROUPS, 4).field("groups").struct.blank()  # type: ignore[union-attr]
-    good = _answer(routing.LIST_GROUPS, 4, {"error_code": 0, "groups": [{**group, "group_id": "g1", "protocol_type": "consumer"}]})
+    good = answer_bytes(routing.LIST_GROUPS, 4, {"error_code": 0, "groups": [{**group, "group_id": "g1", "protocol_type": "consumer"}]})
     outcome = plan.merge({1: good, 2: b"\x00\x00\x00\x00\x00\x01", 3: good})
     body = schema.decode_body(schema.response_spec(routing.LIST_GROUPS, 4), b"".join(bytes(p) for p in outcome.body))
     assert body["error_code"] == errors.COORDINATOR_NOT_AVAILABLE
@@ -152,7 +141,7 @@ def test_undecodable_answers_in_batched_and_every_broker_merges() -> None:
 def test_describe_groups_of_16000_groups_is_planned_by_broker_in_linear_time() -> None:
     def planning_seconds(n: int) -> float:
         groups = [f"group-{i}" for i in range(n)]
-        request = _request(routing.DESCRIBE_GROUPS, 5, {"groups": groups})
+        request = request_bytes(routing.DESCRIBE_GROUPS, 5, {"groups": groups})
         coordinators = {Coordinator(0, g): 1 + i % 3 for i, g in enumerate(groups)}
         known = Context(IDENTITY, _context().topology, ALL_VERSIONS, coordinators.get, coordinators_looked_up=True)
         start = time.perf_counter()
@@ -175,7 +164,9 @@ def test_describe_groups_of_16000_groups_is_planned_by_broker_in_linear_time() -
 def test_a_frame_of_a_million_empty_topics_is_refused_before_it_balloons() -> None:
     # ~3 MB on the wire; decoded in full it took 480 MiB. Now refused at the
     # decode allowance (32 times the frame), before most of it is built.
-    request = _request(routing.PRODUCE, 9, {"acks": 1, "timeout": 1000, "topic_data": [{"name": "", "partition_data": []}] * 1_000_000})
+    request = request_bytes(
+        routing.PRODUCE, 9, {"acks": 1, "timeout": 1000, "topic_data": [{"name": "", "partition_data": []}] * 1_000_000}
+    )
     tracemalloc.start()
     try:
         with pytest.raises(Malformed, match="decoded form"):
@@ -187,7 +178,7 @@ def test_a_frame_of_a_million_empty_topics_is_refused_before_it_balloons() -> No
 
 
 def test_honest_requests_fit_their_decode_allowance_and_report_their_cost() -> None:
-    fetch = _request(
+    fetch = request_bytes(
         routing.FETCH,
         12,
         {
@@ -219,10 +210,10 @@ def test_control_plane_readers_raise_only_malformed() -> None:
                 reader(payload)
     # A v4 answer that does not name the key asked for (it named none).
     with pytest.raises(Malformed, match="does not name"):
-        read_coordinator(_answer(routing.FIND_COORDINATOR, 4, {"coordinators": []}), 4, 0, "g")
+        read_coordinator(answer_bytes(routing.FIND_COORDINATOR, 4, {"coordinators": []}), 4, 0, "g")
     # Broker entries kfan could not connect to are left out.
     broker = schema.response_spec(routing.METADATA, 12).field("brokers").struct.blank()  # type: ignore[union-attr]
-    answer = _answer(
+    answer = answer_bytes(
         routing.METADATA,
         12,
         {"brokers": [{**broker, "node_id": 1, "host": "", "port": 9}, {**broker, "node_id": 2, "host": "h", "port": 9}], "topics": []},

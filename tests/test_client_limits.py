@@ -1,0 +1,231 @@
+"""Every resource a client can make kfan hold has a bound, seen from outside the real process.
+
+Stalled and idle connections are closed on their deadlines, a client that
+leaves releases its broker links at once, frames still arriving from heavy
+clients stop being read past the process-wide cap, connections past the cap
+are refused, and no request keeps a broker longer than --max-hold. Figures
+come from /proc: the kfan process's descriptors and resident memory.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import struct
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from backends.mock import MockCluster
+from proxy import errors, routing
+from tests.conftest import Kfan, start_kfan
+from tests.rawclient import RawClient
+from tests.support.messages import request_bytes
+
+MiB = 1024 * 1024
+
+
+@contextmanager
+def kfan_with(cluster: MockCluster, *flags: str) -> Iterator[Kfan]:
+    k = start_kfan(cluster.bootstrap, *flags)
+    try:
+        yield k
+        assert k.alive(), "kfan died:\n" + "".join(k.log[-40:])
+    finally:
+        k.stop()
+
+
+def descriptors(k: Kfan) -> int:
+    return len(os.listdir(f"/proc/{k.process.pid}/fd"))
+
+
+def memory_kib(k: Kfan, field: str) -> int:
+    """VmRSS (resident now) or VmHWM (the peak so far), in KiB."""
+    for line in open(f"/proc/{k.process.pid}/status"):
+        if line.startswith(field + ":"):
+            return int(line.split()[1])
+    raise AssertionError(field)
+
+
+def wait_for(what: str, ok: object, timeout: float) -> float:
+    """Seconds until ``ok()`` holds; fails after ``timeout``."""
+    start = time.monotonic()
+    while not ok():  # type: ignore[operator]
+        if time.monotonic() - start > timeout:
+            raise AssertionError(f"{what}: not within {timeout} s")
+        time.sleep(0.01)
+    return time.monotonic() - start
+
+
+def framed(payload: bytes) -> bytes:
+    return struct.pack(">i", len(payload)) + payload
+
+
+def metadata_call(k: Kfan) -> None:
+    with RawClient(k.address) as c:
+        c.send_bytes(framed(request_bytes(routing.METADATA, 12, {"topics": None}, correlation_id=5)))
+        assert c.receive() is not None
+
+
+def long_poll_fetch(topic: str, max_wait_ms: int) -> bytes:
+    """A Fetch of every partition of an empty topic that asks the brokers to wait ``max_wait_ms`` for 1 MiB."""
+    partitions = [{"partition": p, "fetch_offset": 0, "partition_max_bytes": MiB, "current_leader_epoch": -1} for p in range(6)]
+    body = {
+        "replica_id": -1,
+        "max_wait": max_wait_ms,
+        "min_bytes": MiB,
+        "max_bytes": 8 * MiB,
+        "topics": [{"topic": topic, "partitions": partitions}],
+    }
+    body |= {"isolation_level": 0, "session_id": 0, "session_epoch": -1, "forgotten_topics_data": [], "rack_id": ""}
+    return framed(request_bytes(routing.FETCH, 12, body, correlation_id=9))
+
+
+def closed_by_peer(sock: socket.socket, timeout: float) -> bool:
+    sock.settimeout(timeout)
+    try:
+        return sock.recv(1) == b""
+    except (ConnectionResetError, BrokenPipeError):
+        return True
+    except TimeoutError:
+        return False
+
+
+def test_stalled_partial_frames_are_closed_after_the_frame_timeout(cluster: MockCluster) -> None:
+    with kfan_with(cluster, "--frame-timeout", "2") as k:
+        metadata_call(k)
+        before = descriptors(k)
+        stalled = [socket.create_connection(k.address) for _ in range(500)]
+        try:
+            started = time.monotonic()
+            for s in stalled:
+                s.sendall(b"\x00\x00")  # half a size prefix, then nothing
+            wait_for("kfan accepted the 500 connections", lambda: descriptors(k) >= before + 490, 10)
+            metadata_call(k)  # a bystander is served meanwhile
+            assert not closed_by_peer(stalled[0], 0.5), "closed before the frame timeout"
+            for s in stalled:
+                assert closed_by_peer(s, max(0.1, started + 6 - time.monotonic())), "a stalled connection was left open"
+            elapsed = time.monotonic() - started
+            assert 1.5 < elapsed < 6, elapsed
+        finally:
+            for s in stalled:
+                s.close()
+        wait_for("descriptors released", lambda: descriptors(k) <= before + 2, 5)
+        metadata_call(k)
+
+
+def test_closed_long_poll_fetches_release_every_descriptor_within_a_second(cluster: MockCluster, topic: str) -> None:
+    with kfan_with(cluster) as k:
+        metadata_call(k)
+        before = descriptors(k)
+        clients = [RawClient(k.address) for _ in range(50)]
+        for c in clients:
+            c.send_bytes(long_poll_fetch(topic, 600_000))
+        # Each client's Fetch holds its socket and a link to each of the three brokers.
+        wait_for("50 clients with their broker links", lambda: descriptors(k) >= before + 190, 20)
+        for c in clients:
+            c.close()
+        released = wait_for("every descriptor released", lambda: descriptors(k) <= before + 2, 5)
+        print(f"50 closed long-poll Fetch connections: {before + 200}+ descriptors back to {descriptors(k)} in {released * 1000:.0f} ms")
+        assert released < 1.0
+
+
+def test_heavy_partial_frames_do_not_grow_kfan_past_its_memory_cap(cluster: MockCluster) -> None:
+    cap = 64 * MiB
+    with kfan_with(cluster, "--max-buffered-bytes", str(cap), "--frame-timeout", "20") as k:
+        metadata_call(k)
+        base = memory_kib(k, "VmRSS") * 1024
+        sent = [0] * 4
+        chunk = b"\x07" * MiB
+
+        def heavy(i: int) -> None:
+            with socket.create_connection(k.address) as s:
+                s.sendall(struct.pack(">i", 100 * MiB))  # a 100 MiB frame, of which 90 MiB are sent
+                s.settimeout(3)  # kfan stops reading: the send blocks, and this client gives up
+                try:
+                    while sent[i] < 90 * MiB:
+                        s.sendall(chunk)
+                        sent[i] += len(chunk)
+                except (TimeoutError, OSError):
+                    pass
+                stop.wait(30)
+
+        stop = threading.Event()
+        threads = [threading.Thread(target=heavy, args=(i,), daemon=True) for i in range(4)]
+        for t in threads:
+            t.start()
+        # Every sender meets kfan's pushback (its 3 s send timeout) or finishes well within this.
+        wait_for("the heavy clients sent what kfan would read", lambda: sum(sent) >= cap, 20)
+        time.sleep(6)
+        peak = memory_kib(k, "VmHWM") * 1024
+        metadata_call(k)  # light clients are still read and served
+        print(
+            f"4 x 90 MiB of 100 MiB frames: {sum(sent) / MiB:.0f} MiB sent; kfan RSS {base / MiB:.0f} MiB at rest, "
+            f"peak {peak / MiB:.0f} MiB (cap {cap / MiB:.0f} MiB)"
+        )
+        assert sum(sent) < 4 * 90 * MiB, "kfan read everything: no cap"
+        assert peak < base + cap + 48 * MiB
+        stop.set()
+        for t in threads:
+            t.join(10)
+        metadata_call(k)
+
+
+def test_idle_connections_are_closed_but_not_while_a_request_is_in_flight(cluster: MockCluster, topic: str) -> None:
+    with kfan_with(cluster, "--idle-timeout", "2") as k:
+        idle = RawClient(k.address)
+        idle.send_bytes(framed(request_bytes(routing.METADATA, 12, {"topics": None}, correlation_id=5)))
+        assert idle.receive() is not None
+        waiting = RawClient(k.address, timeout=20)
+        started = time.monotonic()
+        waiting.send_bytes(long_poll_fetch(topic, 5000))
+        assert idle.closed_by_peer(6), "an idle connection was left open"
+        idle_closed = time.monotonic() - started
+        answer = waiting.receive(timeout=15)
+        assert answer is not None, "a connection waiting for its Fetch was closed as idle"
+        assert struct.unpack_from(">i", answer)[0] == 9
+        assert time.monotonic() - started > 4.5, "the Fetch was answered by its max_wait"
+        assert 1.5 < idle_closed < 6
+        waiting.close()
+
+
+def test_no_request_keeps_a_broker_longer_than_max_hold(cluster: MockCluster, topic: str) -> None:
+    with kfan_with(cluster, "--max-hold", "2") as k, RawClient(k.address, timeout=20) as c:
+        started = time.monotonic()
+        c.send_bytes(long_poll_fetch(topic, 600_000))
+        answer = c.receive(timeout=15)
+        assert answer is not None and struct.unpack_from(">i", answer)[0] == 9
+        elapsed = time.monotonic() - started
+        assert 1.5 < elapsed < 8, f"a 600 s max_wait was answered after {elapsed:.1f} s"
+
+
+def test_connections_past_the_cap_are_closed_as_they_arrive(cluster: MockCluster) -> None:
+    with kfan_with(cluster, "--max-connections", "3") as k:
+        held = [RawClient(k.address) for _ in range(3)]
+        for c in held:
+            c.send_bytes(framed(request_bytes(routing.METADATA, 12, {"topics": None}, correlation_id=5)))
+            assert c.receive() is not None
+        with RawClient(k.address) as extra:
+            assert extra.closed_by_peer(3), "a connection past --max-connections was served"
+        held.pop().close()
+        time.sleep(0.2)
+        metadata_call(k)  # room again
+        for c in held:
+            c.close()
+
+
+def test_heartbeat_with_an_empty_group_id_is_answered_and_kfan_lives(kfan: Kfan) -> None:
+    # The campaign's 26-byte request that stopped kfan: the embedded cluster
+    # answers the coordinator lookup for "" with a null host.
+    frame = bytes.fromhex("00000016000c0000000000010004663166310000000000000000")
+    with RawClient(kfan.address) as c, RawClient(kfan.address) as bystander:
+        c.send_bytes(frame)
+        answer = c.receive(timeout=20)
+        assert answer is not None, "closed instead of answered"
+        correlation_id, error_code = struct.unpack_from(">ih", answer)
+        assert correlation_id == 1
+        assert error_code in (errors.NOT_COORDINATOR, errors.COORDINATOR_NOT_AVAILABLE)
+        bystander.send_bytes(framed(request_bytes(routing.METADATA, 12, {"topics": None}, correlation_id=5)))
+        assert bystander.receive() is not None
+    assert kfan.alive()
