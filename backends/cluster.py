@@ -451,9 +451,14 @@ class Cluster:
             request_header_tail(api_key, version, CLIENT_ID),
             *schema.encode_body(spec := schema.request_spec(api_key, version), {**spec.blank(), **body}),
         ]
-        pending = self._link(broker, *address).submit(SubRequest(api_key, version, tail, True))
-        with trio.fail_after(self.request_timeout):
-            return await pending.wait()
+        link = self._link(broker, *address)
+        pending = link.submit(SubRequest(api_key, version, tail, True))
+        try:
+            with trio.fail_after(self.request_timeout):
+                return await pending.wait()
+        except trio.TooSlowError:
+            link.close()  # hung, or stalled mid-answer: the next call opens a fresh link
+            raise
 
     async def _api_versions(self, key: Any, host: str, port: int) -> dict[int, tuple[int, int]]:
         version = _PREFERRED[routing.API_VERSIONS]

@@ -496,6 +496,13 @@ class ClientConnection:
                     timed_out = True
                     break
             nursery.cancel_scope.cancel()
+        if timed_out and not fetch:
+            # A broker past every deadline it was given is hung (or stalled
+            # mid-answer): close its link, so the next request opens a fresh one.
+            for target in outstanding:
+                p = current[target]
+                if isinstance(p, Pending) and (link := self._links.get((p.broker, "main"))) is not None:
+                    link.close()
         cut_short = cut_short or (fetch and timed_out)
         for target in pendings:
             answers.setdefault(target, NO_ANSWER_YET if cut_short else errors.REQUEST_TIMED_OUT)
