@@ -416,9 +416,9 @@ class Cluster:
         payload = await self.call(b, routing.FIND_COORDINATOR, version, body)
         return read_coordinator(payload, version, c.key_type, c.key)
 
-    def any_broker(self) -> int | None:
-        """A broker believed reachable (any known one when none is); None when no broker is known."""
-        brokers = list(self.topology.brokers)
+    def any_broker(self, exclude: int | None = None) -> int | None:
+        """A broker believed reachable (any known one when none is), other than ``exclude``; None when there is none."""
+        brokers = [b for b in self.topology.brokers if b != exclude]
         if not brokers:
             return None
         up = [b for b in brokers if self.reachable.get(b, True)]

@@ -55,6 +55,7 @@ from .core import (
     Plan,
     Target,
     Unsupported,
+    answer_decodes,
     answer_marks,
     broker_failure_code,
     fetch_satisfied,
@@ -103,7 +104,7 @@ class _Close(Exception):
 class _Slot:
     """A place in the response order."""
 
-    __slots__ = ("done", "parts", "close", "size", "started", "api_key", "captured")
+    __slots__ = ("done", "parts", "close", "size", "started", "api_key", "captured", "seq")
 
     def __init__(self, size: int) -> None:
         self.done = trio.Event()
@@ -112,6 +113,7 @@ class _Slot:
         self.size = size  # bytes held for it: the request's cost, then its response's too
         self.started = trio.current_time()
         self.api_key = -1
+        self.seq = 0  # its place in the client's order
         # When sampled: wall-clock ns at read, the request, and the topology its plan used
         # (not the one current when it is answered: a refresh in between may have moved leaders).
         self.captured: tuple[int, bytes, Topology] | None = None
@@ -141,6 +143,12 @@ class ClientConnection:
         self._last_active = trio.current_time()
         self._frame_started = 0.0
         self._inflight = 0
+        self._read_seq = 0  # requests read so far
+        self._written_seq = 0  # responses written so far (in order)
+        # Broker -> the last request read before its link was found failed.
+        # Produce for that broker waits for those answers to reach the client
+        # (see _submit).
+        self._link_failed_before: dict[int, int] = {}
         self._draining = False
         self._receiving: trio.CancelScope | None = None
         # Per broker, the sub-fetch in flight (or just answered) that no client answer used yet.
@@ -257,6 +265,8 @@ class ClientConnection:
                 raise _Close("internal_error") from e
             await self._budget.acquire(plan.cost)
             slot = _Slot(plan.cost)
+            self._read_seq += 1
+            slot.seq = self._read_seq
             h = plan.header
             slot.api_key = h.api_key
             if read_at is not None:
@@ -318,7 +328,13 @@ class ClientConnection:
                 out[target] = ahead
                 continue
             link = self._link(broker, lane)
-            if link is None:
+            if link is None or (plan.header.api_key == routing.PRODUCE and self._link_failed_before.get(broker, 0) > self._written_seq):
+                # A link failure failed Produce requests the client has not read
+                # the answers to yet. Directly, the client's connection would have
+                # dropped and taken its later requests with it; here they would
+                # reach the broker ahead of the retries of the earlier ones and
+                # break the producer's order. They fail, unsent, until the client
+                # has its answers.
                 out[target] = broker_failure_code(plan.header.api_key, written=False)
                 continue
             out[target] = pending = link.submit(sub)
@@ -363,6 +379,8 @@ class ClientConnection:
         link = self._links.get((broker, lane))
         if link is not None and link.failed is None:
             return link
+        if link is not None and lane == "main":
+            self._link_failed_before[broker] = self._read_seq - 1
         b = self.cluster.topology.brokers.get(broker)
         if b is None:
             return None
@@ -392,6 +410,15 @@ class ClientConnection:
             self._answer(slot, plan, None, pendings)
             return
         answers = await self._gather(plan, pendings, submitted_at)
+        if ANY in plan.subs and plan.header.api_key in routing.READ_ONLY and not answer_decodes(plan.header, answers[ANY]):
+            # Any broker can answer this, and asking again changes nothing: one
+            # broker's failure is not worth the client's (a Metadata answer has
+            # no error code, so a failure would cost it its connection).
+            failed = pendings[ANY]
+            again = self._ask_another_broker(plan, failed.broker if isinstance(failed, Pending) else None)
+            if again is not None:
+                pendings = {ANY: again}
+                answers = await self._gather(plan, pendings, trio.current_time())
         assert plan.merge is not None
         try:
             outcome = plan.merge(answers, self._marks) if plan.fetch_min_bytes is not None else plan.merge(answers)
@@ -510,6 +537,14 @@ class ClientConnection:
             self._settle_fetch_ahead(current, answers)
         return answers
 
+    def _ask_another_broker(self, plan: Plan, failed: int | None) -> Pending | None:
+        broker = self.cluster.any_broker(exclude=failed)
+        link = None if broker is None else self._link(broker, "main")
+        if link is None:
+            return None
+        self._home = broker
+        return link.submit(plan.subs[ANY])
+
     def _refetch(self, plan: Plan, target: Target) -> Pending | None:
         assert isinstance(target, int)
         link = self._link(target, "fetch")
@@ -593,6 +628,7 @@ class ClientConnection:
             if slot.api_key >= 0:
                 metrics.CLIENT_LATENCY.labels(str(slot.api_key)).observe(trio.current_time() - slot.started)
             self._budget.release(slot.size)
+            self._written_seq = slot.seq
         # The client closed its side and every response is written.
         scope.cancel()
 

@@ -241,6 +241,17 @@ def decode_answer(hdr: RequestHeader, answer: memoryview | bytes) -> Struct:
     return decode_body(spec, answer, response_body_offset(answer, hdr.api_key, hdr.api_version), allow_trailing=True)
 
 
+def answer_decodes(hdr: RequestHeader, answer: Answer) -> bool:
+    """Whether a broker's answer (not a failure code) decodes: what asking again could mend."""
+    if isinstance(answer, int):
+        return False
+    try:
+        decode_answer(hdr, answer)
+    except Malformed:
+        return False
+    return True
+
+
 def decode_answers(
     hdr: RequestHeader, answers: Mapping[Target, Answer], failure_code: int
 ) -> tuple[dict[Target, Struct], dict[Target, int]]:

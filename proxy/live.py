@@ -28,33 +28,6 @@ from .frames import frame
 from .headers import response_body_offset
 from .wire import Malformed
 
-# APIs that only read: replaying them changes nothing on the cluster.
-READ_ONLY = frozenset(
-    {
-        routing.FETCH,
-        routing.LIST_OFFSETS,
-        routing.METADATA,
-        routing.OFFSET_FETCH,
-        routing.FIND_COORDINATOR,
-        routing.DESCRIBE_GROUPS,
-        routing.LIST_GROUPS,
-        routing.API_VERSIONS,
-        routing.DESCRIBE_ACLS,
-        routing.DESCRIBE_CONFIGS,
-        routing.DESCRIBE_LOG_DIRS,
-        routing.OFFSET_FOR_LEADER_EPOCH,
-        routing.LIST_PARTITION_REASSIGNMENTS,
-        routing.DESCRIBE_CLIENT_QUOTAS,
-        routing.DESCRIBE_USER_SCRAM_CREDENTIALS,
-        routing.DESCRIBE_CLUSTER,
-        routing.DESCRIBE_PRODUCERS,
-        routing.DESCRIBE_TRANSACTIONS,
-        routing.LIST_TRANSACTIONS,
-        routing.CONSUMER_GROUP_DESCRIBE,
-        routing.DESCRIBE_TOPIC_PARTITIONS,
-    }
-)
-
 # Fields that name what an entry answers for; kept in the compared structure.
 _NAMES = frozenset(
     {
@@ -153,7 +126,7 @@ def _connections(rows: list[dict[str, Any]]) -> Iterator[tuple[str, list[dict[st
 def replay_live(rows: list[dict[str, Any]], target: tuple[str, int], apis: str = "all", timeout: float = 30.0) -> LiveReport:
     report = LiveReport()
     for conn_id, exchanges in _connections(rows):
-        chosen = [r for r in exchanges if r["request"] and (apis == "all" or r["api_key"] in READ_ONLY)]
+        chosen = [r for r in exchanges if r["request"] and (apis == "all" or r["api_key"] in routing.READ_ONLY)]
         report.skipped += len(exchanges) - len(chosen)
         if not chosen:
             continue

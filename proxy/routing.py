@@ -136,6 +136,34 @@ CONTROLLER_PREFERRED = {
 }
 
 
+# APIs that only read: replaying or asking them again changes nothing on the cluster.
+READ_ONLY = frozenset(
+    {
+        FETCH,
+        LIST_OFFSETS,
+        METADATA,
+        OFFSET_FETCH,
+        FIND_COORDINATOR,
+        DESCRIBE_GROUPS,
+        LIST_GROUPS,
+        API_VERSIONS,
+        DESCRIBE_ACLS,
+        DESCRIBE_CONFIGS,
+        DESCRIBE_LOG_DIRS,
+        OFFSET_FOR_LEADER_EPOCH,
+        LIST_PARTITION_REASSIGNMENTS,
+        DESCRIBE_CLIENT_QUOTAS,
+        DESCRIBE_USER_SCRAM_CREDENTIALS,
+        DESCRIBE_CLUSTER,
+        DESCRIBE_PRODUCERS,
+        DESCRIBE_TRANSACTIONS,
+        LIST_TRANSACTIONS,
+        CONSUMER_GROUP_DESCRIBE,
+        DESCRIBE_TOPIC_PARTITIONS,
+    }
+)
+
+
 def api_name(api_key: int) -> str:
     """Kafka's own name for an API (from its message schema)."""
     from kio.index import load_request_schema
