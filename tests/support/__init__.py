@@ -1,0 +1,1 @@
+"""Test-only stand-ins and helpers shared by integration tests."""
