@@ -119,7 +119,15 @@ def _config(options: dict[str, Any], bootstrap: list[tuple[str, int]], reuse_por
         node_id=options["node_id"],
         metadata_refresh_s=options["metadata_refresh"],
         limits=Limits(
-            max_frame_bytes=options["max_frame_bytes"], max_inflight=options["max_inflight"], request_timeout=options["request_timeout"]
+            max_frame_bytes=options["max_frame_bytes"],
+            max_inflight=options["max_inflight"],
+            max_connection_bytes=options["max_connection_bytes"],
+            request_timeout=options["request_timeout"],
+            max_hold=options["max_hold"],
+            idle_timeout=options["idle_timeout"],
+            frame_timeout=options["frame_timeout"],
+            max_buffered_bytes=options["max_buffered_bytes"],
+            max_connections=options["max_connections"],
         ),
         metrics_listen=options["metrics_listen"],
         reuse_port=reuse_port,
@@ -164,19 +172,145 @@ def _serve(options: dict[str, Any]) -> int:
     return 0
 
 
-def _demo(options: dict[str, Any]) -> int:
-    from backends.mock import MockCluster
+# The demo's brokers run in a child process: `kfan cluster`, the same command
+# its users run. librdkafka's mock brokers do not validate what they receive,
+# and some requests that pass kfan's schema check crash them (SIGSEGV,
+# SIGABRT); in a child, such a crash takes the brokers down, not kfan.
+_DEMO_BROKERS = 3
+_DEMO_TOPIC = ("demo", 6)
+_BROKERS_START_TIMEOUT_S = 60.0
+_BROKERS_STOP_TIMEOUT_S = 10.0
+# Set in the child's environment: `kfan cluster` then stops when its stdin
+# reaches end of file. The kfan that started it holds the other end of that
+# pipe, and the kernel closes it however kfan ends, SIGKILL included, so the
+# brokers never outlive it. (Not PR_SET_PDEATHSIG: that fires when the *thread*
+# that forked the child exits, and trio forks from a worker thread that exits
+# when idle.)
+_LIFELINE_ENV = "KFAN_CLUSTER_LIFELINE"
 
-    with MockCluster(3) as mock:
-        mock.create_topic("demo", 6)
-        config = _config(options, parse_addresses(mock.bootstrap))
 
-        async def body(nursery: trio.Nursery) -> Running:
-            running: Running = await nursery.start(serve, config)
-            addr = f"{running.identity.host}:{running.identity.port}"
-            leaders = running.cluster.topology.leaders.get("demo", {})
-            print(
-                f"""
+class _BrokersDidNotStart(RuntimeError):
+    pass
+
+
+def _exit_status(returncode: int) -> str:
+    if returncode < 0:
+        try:
+            return f"was killed by {signal.Signals(-returncode).name}"
+        except ValueError:
+            return f"was killed by signal {-returncode}"
+    return f"exited with status {returncode}"
+
+
+class _BrokerProcess:
+    """`kfan cluster` in a child process, for as long as the ``async with`` lasts.
+
+    Entering starts it and reads its bootstrap from its stdout (with a
+    deadline); ``watch`` logs its end once; leaving terminates and reaps it.
+    """
+
+    def __init__(self, brokers: int, topics: list[tuple[str, int]]) -> None:
+        self.argv = [sys.executable, "-m", "proxy", "cluster", "--brokers", str(brokers), "--log-level", "WARNING"]
+        for name, partitions in topics:
+            self.argv += ["--topic", f"{name}:{partitions}"]
+        self.command = " ".join(["kfan", *self.argv[3:]])
+        self.bootstrap = ""
+        self._process: trio.Process | None = None
+
+    @property
+    def pid(self) -> int:
+        assert self._process is not None
+        return self._process.pid
+
+    async def __aenter__(self) -> _BrokerProcess:
+        import subprocess
+
+        # Wherever this kfan was imported from, the child imports the same code.
+        root = str(Path(__file__).resolve().parent.parent)
+        pythonpath = os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))
+        env = {**os.environ, _LIFELINE_ENV: "stdin", "PYTHONPATH": pythonpath}
+        # Its own session: a Ctrl-C in the terminal reaches kfan only, which
+        # drains its clients before it stops the brokers. Its stderr is kfan's.
+        self._process = await trio.lowlevel.open_process(
+            self.argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, start_new_session=True
+        )
+        try:
+            with trio.move_on_after(_BROKERS_START_TIMEOUT_S):
+                self.bootstrap = await self._read_bootstrap()
+            if not self.bootstrap:
+                raise _BrokersDidNotStart(
+                    f"the embedded brokers (process {self.pid}: {self.command}) did not report their address"
+                    f" within {_BROKERS_START_TIMEOUT_S:.0f} s"
+                )
+        except BaseException:
+            await self.stop()
+            raise
+        log.info("embedded brokers: process %d (%s) at %s", self.pid, self.command, self.bootstrap)
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    async def _read_bootstrap(self) -> str:
+        assert self._process is not None and self._process.stdout is not None
+        buffer = b""
+        while True:
+            while b"\n" in buffer:
+                line, buffer = buffer.split(b"\n", 1)
+                # `kfan cluster`'s first line: "kfan cluster: N brokers at HOST:PORT,HOST:PORT,..."
+                text = line.decode(errors="replace").strip()
+                if text.startswith("kfan cluster: ") and " brokers at " in text:
+                    return text.rsplit(" brokers at ", 1)[1]
+            data = await self._process.stdout.receive_some(65536)
+            if not data:
+                code = await self._process.wait()
+                raise _BrokersDidNotStart(
+                    f"the embedded brokers (process {self.pid}: {self.command}) {_exit_status(code)}"
+                    " before reporting their address (its error, if any, is above)"
+                )
+            buffer += data
+
+    async def watch(self) -> None:
+        """Wait for the child to end, and say so once: kfan keeps serving, its brokers unreachable."""
+        assert self._process is not None and self._process.stdout is not None
+        # Its stdout reaches end of file when it exits; read it so it never blocks on a full pipe.
+        while await self._process.stdout.receive_some(65536):
+            pass
+        code = await self._process.wait()
+        log.error(
+            "embedded brokers: process %d %s; kfan keeps running, but every broker behind it is unreachable"
+            " (restart kfan demo for new ones)",
+            self.pid,
+            _exit_status(code),
+        )
+
+    async def stop(self) -> None:
+        """Terminate the child (SIGTERM, then SIGKILL after a while) and reap it; idempotent."""
+        process = self._process
+        if process is None:
+            return
+        with trio.CancelScope(shield=True):
+            if process.returncode is None:
+                process.terminate()
+                with trio.move_on_after(_BROKERS_STOP_TIMEOUT_S):
+                    await process.wait()
+                if process.returncode is None:
+                    log.warning(
+                        "embedded brokers: process %d still running %.0f s after SIGTERM, killing it", process.pid, _BROKERS_STOP_TIMEOUT_S
+                    )
+                    process.kill()
+                    await process.wait()
+            for stream in (process.stdin, process.stdout):
+                if stream is not None:
+                    await trio.aclose_forcefully(stream)
+
+
+def _print_demo_banner(running: Running) -> None:
+    """How to connect, and which broker leads each partition of the topic demo (as kfan's topology has it)."""
+    addr = f"{running.identity.host}:{running.identity.port}"
+    leaders = running.cluster.topology.leaders.get("demo", {})
+    print(
+        f"""
 kfan demo: an embedded 3-broker Kafka cluster with kfan in front of it.
 
   Connect any Kafka client to:  {addr}
@@ -184,8 +318,8 @@ kfan demo: an embedded 3-broker Kafka cluster with kfan in front of it.
 
   Topic "demo", 6 partitions, led by:
 """
-                + "".join(f"    partition {p} -> broker {b}\n" for p, b in sorted(leaders.items()))
-                + f"""
+        + "".join(f"    partition {p} -> broker {b}\n" for p, b in sorted(leaders.items()))
+        + f"""
   Try it from another terminal (Python with confluent-kafka, which the
   setup already installed in .venv), copy-paste:
 
@@ -211,11 +345,27 @@ PY
 
 Ctrl-C stops it.
 """,
-                flush=True,
-            )
-            return running
+        flush=True,
+    )
 
-        trio.run(_until_signal, body, config.shutdown_timeout_s)
+
+def _demo(options: dict[str, Any]) -> int:
+    async def run() -> None:
+        async with _BrokerProcess(_DEMO_BROKERS, [_DEMO_TOPIC]) as brokers:
+            config = _config(options, parse_addresses(brokers.bootstrap))
+
+            async def body(nursery: trio.Nursery) -> Running:
+                nursery.start_soon(brokers.watch)
+                running: Running = await nursery.start(serve, config)
+                _print_demo_banner(running)
+                return running
+
+            await _until_signal(body, config.shutdown_timeout_s)
+
+    try:
+        trio.run(run)
+    except _BrokersDidNotStart as e:
+        raise SystemExit(f"kfan demo: {e}") from None
     return 0
 
 
@@ -237,6 +387,8 @@ def _cluster(args: argparse.Namespace) -> int:
         print(f"Run: kfan serve --bootstrap {bootstrap}", flush=True)
 
         async def body(nursery: trio.Nursery) -> None:
+            if os.environ.get(_LIFELINE_ENV) == "stdin":
+                nursery.start_soon(_stop_at_stdin_eof, nursery.cancel_scope)
             if args.host:
                 for port in ports:
                     await nursery.start(_relay, args.host, port)
@@ -244,6 +396,19 @@ def _cluster(args: argparse.Namespace) -> int:
 
         trio.run(_until_signal, body)
     return 0
+
+
+async def _stop_at_stdin_eof(scope: trio.CancelScope) -> None:
+    """`kfan cluster` started by `kfan demo`: stop when stdin, a pipe from that kfan, reaches end of file (kfan is gone)."""
+    stdin = trio.lowlevel.FdStream(os.dup(sys.stdin.fileno()))
+    try:
+        async with stdin:
+            while await stdin.receive_some(4096):
+                pass
+    except (OSError, trio.BrokenResourceError):
+        pass
+    log.warning("kfan cluster: the kfan demo that started it is gone (its pipe closed), stopping the brokers")
+    scope.cancel()
 
 
 async def _relay(host: str, port: int, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
