@@ -104,7 +104,7 @@ class _Close(Exception):
 class _Slot:
     """A place in the response order."""
 
-    __slots__ = ("done", "parts", "close", "size", "started", "api_key", "captured", "seq")
+    __slots__ = ("done", "parts", "close", "size", "started", "api_key", "captured")
 
     def __init__(self, size: int) -> None:
         self.done = trio.Event()
@@ -113,7 +113,6 @@ class _Slot:
         self.size = size  # bytes held for it: the request's cost, then its response's too
         self.started = trio.current_time()
         self.api_key = -1
-        self.seq = 0  # its place in the client's order
         # When sampled: wall-clock ns at read, the request, and the topology its plan used
         # (not the one current when it is answered: a refresh in between may have moved leaders).
         self.captured: tuple[int, bytes, Topology] | None = None
@@ -143,12 +142,6 @@ class ClientConnection:
         self._last_active = trio.current_time()
         self._frame_started = 0.0
         self._inflight = 0
-        self._read_seq = 0  # requests read so far
-        self._written_seq = 0  # responses written so far (in order)
-        # Broker -> the last request read before its link was found failed.
-        # Produce for that broker waits for those answers to reach the client
-        # (see _submit).
-        self._link_failed_before: dict[int, int] = {}
         self._draining = False
         self._receiving: trio.CancelScope | None = None
         # Per broker, the sub-fetch in flight (or just answered) that no client answer used yet.
@@ -265,8 +258,6 @@ class ClientConnection:
                 raise _Close("internal_error") from e
             await self._budget.acquire(plan.cost)
             slot = _Slot(plan.cost)
-            self._read_seq += 1
-            slot.seq = self._read_seq
             h = plan.header
             slot.api_key = h.api_key
             if read_at is not None:
@@ -328,13 +319,7 @@ class ClientConnection:
                 out[target] = ahead
                 continue
             link = self._link(broker, lane)
-            if link is None or (plan.header.api_key == routing.PRODUCE and self._link_failed_before.get(broker, 0) > self._written_seq):
-                # A link failure failed Produce requests the client has not read
-                # the answers to yet. Directly, the client's connection would have
-                # dropped and taken its later requests with it; here they would
-                # reach the broker ahead of the retries of the earlier ones and
-                # break the producer's order. They fail, unsent, until the client
-                # has its answers.
+            if link is None:
                 out[target] = broker_failure_code(plan.header.api_key, written=False)
                 continue
             out[target] = pending = link.submit(sub)
@@ -379,8 +364,6 @@ class ClientConnection:
         link = self._links.get((broker, lane))
         if link is not None and link.failed is None:
             return link
-        if link is not None and lane == "main":
-            self._link_failed_before[broker] = self._read_seq - 1
         b = self.cluster.topology.brokers.get(broker)
         if b is None:
             return None
@@ -628,7 +611,6 @@ class ClientConnection:
             if slot.api_key >= 0:
                 metrics.CLIENT_LATENCY.labels(str(slot.api_key)).observe(trio.current_time() - slot.started)
             self._budget.release(slot.size)
-            self._written_seq = slot.seq
         # The client closed its side and every response is written.
         scope.cancel()
 
