@@ -22,13 +22,27 @@ from . import metrics
 POOL_FLOOR = 64 * 1024
 
 
+class _Freed:
+    """Wakes everyone waiting for bytes to be given back (a fresh event per round)."""
+
+    def __init__(self) -> None:
+        self._event = trio.Event()
+
+    async def wait(self) -> None:
+        await self._event.wait()
+
+    def notify(self) -> None:
+        event, self._event = self._event, trio.Event()
+        event.set()
+
+
 class MemoryPool:
     """Bytes held for all client connections of this process, against one cap."""
 
     def __init__(self, limit: int) -> None:
         self.limit = limit
         self.used = 0
-        self._freed = trio.Event()
+        self._freed = _Freed()
 
     def add(self, n: int) -> None:
         self.used += n
@@ -38,8 +52,7 @@ class MemoryPool:
         self.used -= n
         metrics.BUFFERED_BYTES.dec(n)
         if n > 0:
-            freed, self._freed = self._freed, trio.Event()
-            freed.set()
+            self._freed.notify()
 
     def may_read(self, holding: int) -> bool:
         return self.used < self.limit or holding < POOL_FLOOR
@@ -57,7 +70,7 @@ class Budget:
         self.limit = limit
         self.pool = pool
         self.used = 0
-        self._freed = trio.Event()
+        self._freed = _Freed()
 
     async def acquire(self, n: int) -> None:
         while self.used and self.used + n > self.limit:
@@ -72,8 +85,7 @@ class Budget:
     def release(self, n: int) -> None:
         self.used -= n
         self.pool.sub(n)
-        freed, self._freed = self._freed, trio.Event()
-        freed.set()
+        self._freed.notify()
 
     def release_all(self) -> None:
         """The connection ended: everything it held is free."""
