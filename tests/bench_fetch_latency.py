@@ -21,7 +21,7 @@ import uuid
 from confluent_kafka import Consumer, Producer, TopicPartition
 
 from backends.mock import MockCluster
-from tests.conftest import start_kfan
+from tests.support.kfan import start_kfan
 
 FETCH = 1
 SLOW_MS = 300

@@ -50,10 +50,10 @@ from kio.schema.types import BrokerId, GroupId, TopicName
 from kio.static.primitive import i8, i32, i32Timedelta, i64
 
 from backends.mock import MockCluster
-from backends.tansu import Tansu
 from proxy import routing
-from tests.conftest import Kfan
-from tests.rawclient import RawClient
+from tests.support.kfan import Kfan
+from tests.support.rawclient import RawClient
+from tests.support.tansu import Tansu
 
 TIMEOUT = 15.0
 

@@ -24,8 +24,8 @@ from proxy import routing, schema
 from proxy.core import Context, advertised_versions, layouts, plan_request, request_head
 from proxy.frames import frame
 from proxy.headers import parse_request_header, response_header
-from tests.kio_oracle import kio_decode, kio_encode, request_payload
-from tests.test_split_merge import ALL_VERSIONS, BROKERS, IDENTITY
+from tests.support.core_inputs import ALL_VERSIONS, BROKERS, IDENTITY
+from tests.support.kio_oracle import kio_decode, kio_encode, request_payload
 
 ROOT = Path(__file__).resolve().parent.parent
 ROUTED = sorted(k for k, policy in routing.ROUTES.items() if policy is not routing.Policy.LOCAL)

@@ -27,8 +27,8 @@ from proxy import errors, schema
 from proxy.core import BATCHES, EVERY_BROKER_ARRAYS, Context, Coordinator, batch_of, plan_request, request_head
 from proxy.frames import frame
 from proxy.headers import parse_request_header, response_header
-from tests.kio_oracle import kio_decode, kio_encode, request_payload
-from tests.test_split_merge import ALL_VERSIONS, BROKERS, IDENTITY
+from tests.support.core_inputs import ALL_VERSIONS, BROKERS, IDENTITY
+from tests.support.kio_oracle import kio_decode, kio_encode, request_payload
 
 
 def _batched_versions(api_key: int) -> list[int]:

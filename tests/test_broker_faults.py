@@ -41,11 +41,11 @@ from backends.cluster import CLIENT_ID as KFAN_CLIENT_ID
 from backends.mock import MockCluster
 from proxy import errors, routing, schema
 from proxy.headers import response_body_offset
-from tests.conftest import Kfan, start_kfan
-from tests.rawclient import RawClient
 from tests.support.badbroker import BadBroker
-from tests.test_failures import Flow, Reports, check_in_order, wait_for
-from tests.test_fanout import _batch
+from tests.support.flows import Flow, Reports, check_in_order, wait_for
+from tests.support.kfan import Kfan, start_kfan
+from tests.support.rawclient import RawClient
+from tests.support.records import record_batch
 
 PARTITIONS = 6
 LEADERS = [1, 2, 3, 1, 2, 3]
@@ -227,7 +227,7 @@ def produce(client: RawClient, topic: str, partitions: list[int], tag: str, acke
         topic_data=(
             TopicProduceData(
                 name=topic,  # type: ignore[arg-type]
-                partition_data=tuple(PartitionProduceData(index=p, records=_batch(f"{tag}-{p}".encode())) for p in partitions),  # type: ignore[arg-type]
+                partition_data=tuple(PartitionProduceData(index=p, records=record_batch(f"{tag}-{p}".encode())) for p in partitions),  # type: ignore[arg-type]
             ),
         ),
     )

@@ -30,9 +30,9 @@ from proxy.capture import COLUMNS, read_capture
 from proxy.core import Context, Identity, plan_request, request_head
 from proxy.headers import parse_request_header
 from proxy.replay import check_exchange
-from tests.conftest import start_kfan
-from tests.kio_oracle import kio_decode
-from tests.rawclient import RawClient
+from tests.support.kfan import start_kfan
+from tests.support.kio_oracle import kio_decode
+from tests.support.rawclient import RawClient
 
 PAYLOAD = b"secret-payload-"
 

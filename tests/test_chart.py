@@ -31,9 +31,9 @@ import pytest
 import yaml
 from kubernetes_validate.utils import latest_version
 
-from backends.tansu import _free_port
 from proxy.cli import build_parser
 from proxy.config import OPTIONS, resolve
+from tests.support.processes import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 CHART = ROOT / "charts" / "kfan"
@@ -482,7 +482,7 @@ def _get(url: str) -> int:
 def test_rendered_configuration_runs_a_real_kfan(cluster: Any, workers: int) -> None:
     """The Deployment's command, args and ConfigMap start kfan: ready on /readyz, and
     SIGTERM ends it well within the pod's grace period."""
-    kafka_port, metrics_port = _free_port(), _free_port()
+    kafka_port, metrics_port = free_port(), free_port()
     values = BASE | {
         "kafka": {"bootstrap": cluster.bootstrap},
         "containerPorts": {"kafka": kafka_port, "metrics": metrics_port},

@@ -19,9 +19,9 @@ from contextlib import contextmanager
 
 from backends.mock import MockCluster
 from proxy import errors, routing
-from tests.conftest import Kfan, start_kfan
-from tests.rawclient import RawClient
+from tests.support.kfan import Kfan, start_kfan
 from tests.support.messages import request_bytes
+from tests.support.rawclient import RawClient
 
 MiB = 1024 * 1024
 

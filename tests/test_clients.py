@@ -10,40 +10,12 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections import defaultdict
 
 from confluent_kafka import Consumer, Producer
 from confluent_kafka.admin import AdminClient
 
-from tests.conftest import Kfan
-
-N = 10_000
-# The mock coordinator holds a rejoin for session timeout - 1 s even when the
-# only member is back (a broker would finish at once); clients that join
-# before they know the topic rejoin, so a short session keeps the test short.
-SESSION_MS = 6000
-
-
-def _records() -> list[tuple[bytes, bytes]]:
-    return [(f"key-{i % 500}".encode(), f"{i}".encode()) for i in range(N)]
-
-
-def check_exactly_once_in_order(consumed: list[tuple[int, int, bytes, bytes]]) -> None:
-    """consumed: (partition, offset, key, value) in consumption order."""
-    values = [int(v) for _, _, _, v in consumed]
-    assert len(values) == N, f"got {len(values)} records, wanted {N}"
-    assert sorted(values) == list(range(N)), "records lost or duplicated"
-    by_partition: dict[int, list[tuple[int, int]]] = defaultdict(list)
-    key_partition: dict[bytes, int] = {}
-    for partition, offset, key, value in consumed:
-        by_partition[partition].append((offset, int(value)))
-        assert key_partition.setdefault(key, partition) == partition, "one key, one partition"
-    assert len(by_partition) == 6, f"records landed on {sorted(by_partition)}"
-    for partition, rows in by_partition.items():
-        offsets = [o for o, _ in rows]
-        assert offsets == sorted(offsets), f"partition {partition} consumed out of offset order"
-        seq = [v for _, v in rows]
-        assert seq == sorted(seq), f"partition {partition} lost produce order"
+from tests.support.kfan import Kfan
+from tests.support.round_trip import SESSION_MS, N, check_exactly_once_in_order, round_trip_records
 
 
 def test_confluent_kafka_round_trip(kfan: Kfan, topic: str) -> None:
@@ -52,7 +24,7 @@ def test_confluent_kafka_round_trip(kfan: Kfan, topic: str) -> None:
     assert sorted(md.topics[topic].partitions) == list(range(6))
     producer = Producer({"bootstrap.servers": kfan.bootstrap, "linger.ms": 5})
     failures: list[str] = []
-    for key, value in _records():
+    for key, value in round_trip_records():
         producer.produce(topic, value=value, key=key, on_delivery=lambda err, msg: err and failures.append(str(err)))
         producer.poll(0)
     assert producer.flush(30) == 0
@@ -78,7 +50,7 @@ def test_kafka_python_round_trip(kfan: Kfan, topic: str) -> None:
     from kafka import KafkaConsumer, KafkaProducer
 
     producer = KafkaProducer(bootstrap_servers=kfan.bootstrap, linger_ms=5)
-    futures = [producer.send(topic, key=k, value=v) for k, v in _records()]
+    futures = [producer.send(topic, key=k, value=v) for k, v in round_trip_records()]
     producer.flush(60)
     for f in futures:
         f.get(timeout=30)
@@ -113,7 +85,7 @@ def test_aiokafka_round_trip(kfan: Kfan, topic: str) -> None:
         producer = AIOKafkaProducer(bootstrap_servers=kfan.bootstrap, linger_ms=5)
         await producer.start()
         try:
-            futures = [await producer.send(topic, key=k, value=v) for k, v in _records()]
+            futures = [await producer.send(topic, key=k, value=v) for k, v in round_trip_records()]
             await asyncio.gather(*futures)
         finally:
             await producer.stop()

@@ -16,7 +16,6 @@ import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
 import urllib.error
 import urllib.request
@@ -28,7 +27,8 @@ from confluent_kafka import Consumer, Producer
 from kio.schema.api_versions.v2.request import ApiVersionsRequest as ApiVersionsRequestV2
 from kio.schema.metadata.v12.request import MetadataRequest
 
-from tests.rawclient import RawClient
+from tests.support.processes import follow_output
+from tests.support.rawclient import RawClient
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -71,20 +71,9 @@ def test_demo_from_fresh_copy(tmp_path: Path) -> None:
         text=True,
         start_new_session=True,
     )
-    out: list[str] = []
-    printed = threading.Event()
-
-    def pump() -> None:
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            out.append(line)
-            if "Ctrl-C stops it" in line:
-                printed.set()
-        printed.set()
-
-    threading.Thread(target=pump, daemon=True).start()
+    out, printed = follow_output(proc, "Ctrl-C stops it", 600)
     try:
-        assert printed.wait(600) and proc.poll() is None, "kfan demo did not start:\n" + "".join(out[-40:])
+        assert printed and proc.poll() is None, "kfan demo did not start:\n" + "".join(out[-40:])
         text = "".join(out)
         assert "127.0.0.1:9092" in text
         leaders = [int(b) for b in re.findall(r"partition \d -> broker (\d)", text)]
@@ -151,19 +140,8 @@ def start_demo(*extra: str, env: dict[str, str] | None = None) -> Demo:
         stderr=subprocess.STDOUT,
         text=True,
     )
-    log: list[str] = []
-    done = threading.Event()
-
-    def pump() -> None:
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            log.append(line)
-            if "Ctrl-C stops it" in line:
-                done.set()
-        done.set()
-
-    threading.Thread(target=pump, daemon=True).start()
-    if not done.wait(60) or proc.poll() is not None:
+    log, started = follow_output(proc, "Ctrl-C stops it", 60)
+    if started is None or proc.poll() is not None:
         proc.kill()
         proc.wait()
         raise AssertionError("kfan demo did not start:\n" + "".join(log))

@@ -14,28 +14,25 @@ import datetime
 import functools
 import re
 import struct
-import threading
 import time
 import uuid
-from collections import defaultdict
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 import trio
-from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Producer, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Producer, TopicPartition
 
 from backends.mock import MockCluster
-from backends.tansu import _free_port
 from proxy import errors, routing
-from tests.conftest import Kfan, start_kfan
-from tests.rawclient import RawClient
-from tests.test_fanout import _produce_request
-from tests.test_operations import _get, _metrics_port, _samples
+from tests.support.flows import PARTITIONS, Flow, Reports, Row, check_in_order, wait_for
+from tests.support.kfan import Kfan, start_kfan
+from tests.support.metrics import http_get, metrics_port_in, parse_samples
+from tests.support.processes import free_port
+from tests.support.rawclient import RawClient
+from tests.support.records import produce_request
+from tests.support.round_trip import SESSION_MS  # the mock holds a classic group rejoin for session timeout - 1 s
 
-PARTITIONS = 6
 LEADERS = [1, 2, 3, 1, 2, 3]
-# The mock holds a classic group rejoin for session timeout - 1 s (see test_clients).
-SESSION_MS = 6000
 
 
 @contextmanager
@@ -60,17 +57,6 @@ def new_topic(cluster: MockCluster, leaders: list[int] = LEADERS) -> str:
     return name
 
 
-def wait_for(what: str, ok: Callable[[], bool], timeout: float = 30, every: float = 0.05) -> None:
-    deadline = time.monotonic() + timeout
-    while not ok():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(every)
-
-
-Row = tuple[int, int, bytes | None, bytes]  # partition, offset, key, value
-
-
 def read_all(bootstrap: str, topic: str, partitions: int = PARTITIONS, timeout: float = 60) -> list[Row]:
     """Every record of the topic, read from offset 0 up to each partition's high watermark."""
     consumer = Consumer(
@@ -92,42 +78,6 @@ def read_all(bootstrap: str, topic: str, partitions: int = PARTITIONS, timeout: 
         return rows
     finally:
         consumer.close()
-
-
-def check_in_order(rows: list[Row]) -> None:
-    """Per partition offsets strictly increase (nothing read twice) and so do the producer's sequence numbers."""
-    by_partition: dict[int, list[tuple[int, int]]] = defaultdict(list)
-    for partition, offset, _, value in rows:
-        by_partition[partition].append((offset, int(value)))
-    for partition, pairs in by_partition.items():
-        offsets = [o for o, _ in pairs]
-        assert offsets == sorted(set(offsets)), f"partition {partition}: offsets out of order or repeated"
-        seq = [v for _, v in pairs]
-        assert seq == sorted(seq), f"partition {partition}: produce order lost"
-
-
-class Reports:
-    """Delivery reports of a confluent-kafka producer: value -> error (None when written)."""
-
-    def __init__(self) -> None:
-        self.by_value: dict[int, KafkaError | None] = {}
-        self.count = 0  # reports received, to catch a record reported twice
-        self.lock = threading.Lock()
-
-    def __call__(self, err: KafkaError | None, msg: object) -> None:
-        with self.lock:
-            self.by_value[int(msg.value())] = err  # type: ignore[attr-defined]
-            self.count += 1
-
-    @property
-    def ok(self) -> set[int]:
-        with self.lock:
-            return {v for v, e in self.by_value.items() if e is None}
-
-    @property
-    def failed(self) -> dict[int, KafkaError]:
-        with self.lock:
-            return {v: e for v, e in self.by_value.items() if e is not None}
 
 
 # --- 1. chaos: a broker dies, its partitions move, it comes back ----------------------
@@ -195,141 +145,13 @@ def _labels(text: str) -> dict[str, str]:
 
 def errors_answered(k: Kfan) -> dict[tuple[int, int], float]:
     """kfan's count of partitions it answered with an error (kfan_errors_total): (error code, broker that answered) -> count."""
-    _, text = _get(f"http://127.0.0.1:{_metrics_port(k.log)}/metrics")
+    _, text = http_get(f"http://127.0.0.1:{metrics_port_in(k.log)}/metrics")
     out: dict[tuple[int, int], float] = {}
-    for labels, value in _samples(text).get("kfan_errors_total", []):
+    for labels, value in parse_samples(text).get("kfan_errors_total", []):
         if value:
             lab = _labels(labels)
             out[(int(lab["error_code"]), int(lab["broker"]))] = value
     return out
-
-
-class Flow:
-    """A producer and a consumer running in threads, through the kfan (or kfans) given.
-
-    The producer (idempotent, one request in flight, so each retriable error is
-    one the client saw and not a pipelining echo) writes keyed records with
-    increasing sequence numbers round-robin to every partition, at ``rate``
-    per second. The consumer reads every partition from the start: assigned,
-    or as a member of ``group`` that commits after every batch.
-    """
-
-    def __init__(self, topic: str, produce_via: Kfan, consume_via: Kfan, rate: int = 600, group: str | None = None) -> None:
-        self.topic = topic
-        self.reports = Reports()
-        self.sent = 0
-        self.consumed: list[Row] = []
-        self.consumer_errors: list[KafkaError] = []
-        self.producer_errors: list[KafkaError] = []
-        self.stop_producing = threading.Event()
-        self.stop_consuming = threading.Event()
-        self.failures: list[BaseException] = []
-        self.rate = rate
-        self.group = group
-        self.commits: list[float] = []  # when each successful commit returned
-        self.assignments: list[list[int]] = []  # each (re)assignment of a group member
-        self.revocations = 0
-        self.commit_errors: list[KafkaException] = []
-        self.producer = Producer(
-            {
-                "bootstrap.servers": produce_via.bootstrap,
-                "enable.idempotence": True,
-                "acks": "all",
-                "linger.ms": 5,
-                "max.in.flight.requests.per.connection": 1,
-                "message.timeout.ms": 60_000,
-                "reconnect.backoff.ms": 50,
-                "reconnect.backoff.max.ms": 500,
-                "error_cb": self.producer_errors.append,
-            }
-        )
-        self.consumer = Consumer(
-            {
-                "bootstrap.servers": consume_via.bootstrap,
-                "group.id": group or f"flow-{uuid.uuid4()}",
-                "enable.auto.commit": False,
-                "auto.offset.reset": "earliest",
-                "fetch.wait.max.ms": 100,
-                "session.timeout.ms": SESSION_MS,
-                "heartbeat.interval.ms": 500,
-                "reconnect.backoff.ms": 50,
-                "reconnect.backoff.max.ms": 500,
-                "error_cb": self.consumer_errors.append,
-            }
-        )
-        if group is None:
-            self.consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in range(PARTITIONS)])
-        else:
-            self.consumer.subscribe(
-                [topic],
-                on_assign=lambda _, tps: self.assignments.append(sorted(tp.partition for tp in tps)),
-                on_revoke=lambda _, tps: setattr(self, "revocations", self.revocations + 1),
-            )
-        self.threads = [threading.Thread(target=self._guard(self._produce)), threading.Thread(target=self._guard(self._consume))]
-
-    def _guard(self, body: Callable[[], None]) -> Callable[[], None]:
-        def run() -> None:
-            try:
-                body()
-            except BaseException as e:  # reported by finish()
-                self.failures.append(e)
-
-        return run
-
-    def _produce(self) -> None:
-        started = time.monotonic()
-        while not self.stop_producing.is_set():
-            due = int((time.monotonic() - started) * self.rate)
-            while self.sent < due:
-                i = self.sent
-                self.producer.produce(
-                    self.topic, key=f"k{i % 97}".encode(), value=str(i).encode(), partition=i % PARTITIONS, on_delivery=self.reports
-                )
-                self.sent += 1
-            self.producer.poll(0.01)
-        assert self.producer.flush(60) == 0, "records still undelivered"
-
-    def _consume(self) -> None:
-        while not self.stop_consuming.is_set():
-            got = False
-            for m in self.consumer.consume(500, timeout=0.2):
-                if m.error() is not None:
-                    self.consumer_errors.append(m.error())
-                    continue
-                self.consumed.append((m.partition(), m.offset(), m.key(), m.value()))
-                got = True
-            if self.group is not None and got:
-                # A group member commits what it consumed, synchronously, batch by batch.
-                try:
-                    self.consumer.commit(asynchronous=False)
-                    self.commits.append(time.monotonic())
-                except KafkaException as e:
-                    self.commit_errors.append(e)
-        self.consumer.close()  # a group member leaves its group
-
-    def start(self) -> Flow:
-        for t in self.threads:
-            t.start()
-        return self
-
-    def values_from(self, partition: int) -> list[int]:
-        return [int(v) for p, _, _, v in list(self.consumed) if p == partition]
-
-    def finish(self, timeout: float = 60) -> None:
-        """Stop producing, wait until everything delivered is consumed, stop consuming."""
-        self.stop_producing.set()
-        self.threads[0].join(timeout)
-        try:
-            wait_for(
-                "the consumer to catch up with every delivered record",
-                lambda: bool(self.failures) or len(self.consumed) >= len(self.reports.ok),
-                timeout,
-            )
-        finally:
-            self.stop_consuming.set()
-            self.threads[1].join(timeout)
-        if self.failures:
-            raise self.failures[0]
 
 
 def test_leader_move_costs_each_client_at_most_one_retriable_error_per_partition() -> None:
@@ -439,13 +261,13 @@ def test_broker_killed_mid_fanout_produce_fails_only_its_partitions() -> None:
         with RawClient(k.address) as client:
             assert all(
                 p.error_code.value == 0
-                for p in client.call(_produce_request(topic, [0, 1, 2, 3, 4, 5], acks=-1)).responses[0].partition_responses
+                for p in client.call(produce_request(topic, [0, 1, 2, 3, 4, 5], acks=-1)).responses[0].partition_responses
             )
             # Broker 2 takes the request in, then holds its answer: kill it meanwhile.
             c.set_rtt(2, 3000)
             order = [4, 0, 5, 2, 1, 3]
             sent_at = time.monotonic()
-            cid = client.send(_produce_request(topic, order, acks=-1))
+            cid = client.send(produce_request(topic, order, acks=-1))
             wait_for(
                 "kfan to have the Produce out on every broker (brokers 1 and 3 answered)",
                 lambda: (n := _broker_counts(k, api_key=0)).get(1, 0) >= 2 and n.get(3, 0) >= 2,
@@ -456,7 +278,7 @@ def test_broker_killed_mid_fanout_produce_fails_only_its_partitions() -> None:
             payload = client.receive(timeout=10)
             took = time.monotonic() - sent_at
             assert payload is not None
-            resp = client.decode(_produce_request(topic, order, acks=-1), payload)
+            resp = client.decode(produce_request(topic, order, acks=-1), payload)
             assert struct.unpack_from(">i", payload)[0] == cid
         codes = {p.index: p.error_code.value for p in resp.responses[0].partition_responses}
         assert list(codes) == order, "every partition once, in the client's order"
@@ -476,7 +298,7 @@ def test_broker_killed_mid_fanout_produce_fails_only_its_partitions() -> None:
             wait_for(
                 "a retry of broker 2's partitions to succeed",
                 lambda: all(
-                    p.error_code.value == 0 for p in client.call(_produce_request(topic, [1, 4], acks=-1)).responses[0].partition_responses
+                    p.error_code.value == 0 for p in client.call(produce_request(topic, [1, 4], acks=-1)).responses[0].partition_responses
                 ),
                 every=0.2,
             )
@@ -535,9 +357,9 @@ def _answered_since(before: dict[int, float], now: dict[int, float]) -> set[int]
 
 def _broker_counts(k: Kfan, api_key: int) -> dict[int, float]:
     """Answers kfan got from each broker for ``api_key`` (kfan_broker_request_duration_seconds_count)."""
-    _, text = _get(f"http://127.0.0.1:{_metrics_port(k.log)}/metrics")
+    _, text = http_get(f"http://127.0.0.1:{metrics_port_in(k.log)}/metrics")
     out: dict[int, float] = {}
-    for labels, value in _samples(text).get("kfan_broker_request_duration_seconds_count", []):
+    for labels, value in parse_samples(text).get("kfan_broker_request_duration_seconds_count", []):
         lab = _labels(labels)
         if lab["api_key"] == str(api_key):
             out[int(lab["broker"])] = value
@@ -551,7 +373,7 @@ def test_kfan_restart_under_load_on_the_same_port() -> None:
     group = f"rg-{uuid.uuid4()}"
     with MockCluster() as c:
         topic = new_topic(c)
-        port = _free_port()
+        port = free_port()
         first = start_kfan(c.bootstrap, "--metadata-refresh", "1", "--listen", f"127.0.0.1:{port}")
         flow: Flow | None = None
         try:
@@ -600,8 +422,8 @@ def test_kfan_restart_under_load_on_the_same_port() -> None:
 
 def reachability(k: Kfan) -> dict[int, float]:
     """kfan_broker_reachable, by broker id."""
-    _, text = _get(f"http://127.0.0.1:{_metrics_port(k.log)}/metrics")
-    return {int(_labels(labels)["broker"]): value for labels, value in _samples(text).get("kfan_broker_reachable", [])}
+    _, text = http_get(f"http://127.0.0.1:{metrics_port_in(k.log)}/metrics")
+    return {int(_labels(labels)["broker"]): value for labels, value in parse_samples(text).get("kfan_broker_reachable", [])}
 
 
 def test_start_with_two_of_three_brokers_down() -> None:
@@ -619,8 +441,8 @@ def test_start_with_two_of_three_brokers_down() -> None:
             for b in (2, 3):
                 assert f"broker {b} is unreachable" in log, log
             assert "brokers up [1], down [2, 3]" in log, log
-            base = f"http://127.0.0.1:{_metrics_port(k.log)}"
-            assert _get(base + "/readyz")[0] == 200, "one broker answers: ready"
+            base = f"http://127.0.0.1:{metrics_port_in(k.log)}"
+            assert http_get(base + "/readyz")[0] == 200, "one broker answers: ready"
             assert reachability(k) == {1: 1, 2: 0, 3: 0}
             # A client produces to every partition: broker 1's take the records at once; the
             # others have no leader (as Kafka reports a partition whose leader is down), so
@@ -675,7 +497,7 @@ def test_metadata_reports_a_partition_whose_leader_is_down_as_leaderless() -> No
     from backends.topology import Topology
     from proxy.core import ANY, Context, Identity, plan_request
     from proxy.headers import response_header
-    from tests.kio_oracle import kio_decode, kio_encode, request_payload
+    from tests.support.kio_oracle import kio_decode, kio_encode, request_payload
 
     def partition(index: int, leader: int, error: ErrorCode = ErrorCode.none) -> MetadataResponsePartition:
         return MetadataResponsePartition(
@@ -716,12 +538,12 @@ def test_metadata_reports_a_partition_whose_leader_is_down_as_leaderless() -> No
 def test_requests_kfan_answers_alone_count_their_errors() -> None:
     from backends.topology import Broker, Topology
     from proxy.core import Context, Identity, plan_request
-    from tests.kio_oracle import request_payload
+    from tests.support.kio_oracle import request_payload
 
     topology = Topology(brokers={1: Broker(1, "b1", 9001)}, leaders={"t": {0: 1, 1: 2, 2: 2}})
     assert topology.absent_leaders() == {2: 2}
     ctx = Context(Identity(7, "kfan", 9092), topology, {routing.PRODUCE: (0, 9)})
-    plan = plan_request(ctx, request_payload(_produce_request("t", [1, 2], acks=-1)))
+    plan = plan_request(ctx, request_payload(produce_request("t", [1, 2], acks=-1)))
     assert plan.reply is not None and not plan.subs, "nothing routable: kfan answers alone"
     assert plan.reply_errors == {(errors.NOT_LEADER_OR_FOLLOWER, -1): 2}
 
@@ -743,7 +565,7 @@ def test_a_request_that_never_left_kfan_is_not_written() -> None:
             port = listener.socket.getsockname()[1]
             sub = SubRequest(routing.API_VERSIONS, 0, [b"\x00\x00"], True)
             outcomes = []
-            for address in (("127.0.0.1", port), ("127.0.0.1", _free_port())):  # the second refuses
+            for address in (("127.0.0.1", port), ("127.0.0.1", free_port())):  # the second refuses
                 link = Link(1, *address)
                 nursery.start_soon(link.run)
                 pending = link.submit(sub)

@@ -2,37 +2,16 @@
 
 from __future__ import annotations
 
-import datetime
 import struct
 
 from confluent_kafka import Consumer, Producer
 from kio.schema.list_offsets.v5.request import ListOffsetsPartition, ListOffsetsRequest, ListOffsetsTopic
 from kio.schema.metadata.v12.request import MetadataRequest, MetadataRequestTopic
-from kio.schema.produce.v8.request import PartitionProduceData, ProduceRequest, TopicProduceData
 
 from backends.mock import MockCluster
-from tests.conftest import Kfan
-from tests.rawclient import RawClient
-
-
-def _batch(value: bytes) -> bytes:
-    """One record batch (magic 2) holding one record, CRC32C as Kafka requires."""
-    import crc32c
-
-    def varint(n: int) -> bytes:
-        n = (n << 1) ^ (n >> 63)
-        out = bytearray()
-        while n >= 0x80:
-            out.append((n & 0x7F) | 0x80)
-            n >>= 7
-        out.append(n)
-        return bytes(out)
-
-    body = b"\x00" + varint(0) + varint(0) + varint(-1) + varint(len(value)) + value + varint(0)
-    record = varint(len(body)) + body
-    after_crc = struct.pack(">hiqqqhii", 0, 0, 0, 0, -1, -1, -1, 1) + record
-    header = struct.pack(">qi", 0, 4 + 1 + 4 + len(after_crc)) + struct.pack(">i", 0) + b"\x02"
-    return header + struct.pack(">I", crc32c.crc32c(after_crc)) + after_crc
+from tests.support.kfan import Kfan
+from tests.support.rawclient import RawClient
+from tests.support.records import produce_request
 
 
 def _high_watermarks_from_brokers(cluster: MockCluster, topic: str) -> dict[int, tuple[int, int]]:
@@ -56,23 +35,10 @@ def _high_watermarks_from_brokers(cluster: MockCluster, topic: str) -> dict[int,
     return out
 
 
-def _produce_request(topic: str, partitions: list[int], acks: int) -> ProduceRequest:
-    return ProduceRequest(
-        transactional_id=None,
-        acks=acks,  # type: ignore[arg-type]
-        timeout=datetime.timedelta(seconds=5),
-        topic_data=(
-            TopicProduceData(
-                name=topic, partition_data=tuple(PartitionProduceData(index=p, records=_batch(f"p{p}".encode())) for p in partitions)
-            ),
-        ),  # type: ignore[arg-type]
-    )
-
-
 def test_one_produce_reaches_all_three_leaders(kfan: Kfan, cluster: MockCluster, topic: str) -> None:
     order = [4, 0, 5, 2, 1, 3]  # deliberately not broker order
     with RawClient(kfan.address) as c:
-        resp = c.call(_produce_request(topic, order, acks=-1))
+        resp = c.call(produce_request(topic, order, acks=-1))
     assert [t.name for t in resp.responses] == [topic]
     assert [p.index for p in resp.responses[0].partition_responses] == order, "every partition once, in the client's order"
     assert all(p.error_code.value == 0 for p in resp.responses[0].partition_responses)
@@ -83,7 +49,7 @@ def test_one_produce_reaches_all_three_leaders(kfan: Kfan, cluster: MockCluster,
 
 def test_acks_zero_gets_no_response_and_later_requests_keep_order(kfan: Kfan, cluster: MockCluster, topic: str) -> None:
     with RawClient(kfan.address) as c:
-        quiet = [c.send(_produce_request(topic, [0, 1, 2, 3, 4, 5], acks=0)) for _ in range(20)]
+        quiet = [c.send(produce_request(topic, [0, 1, 2, 3, 4, 5], acks=0)) for _ in range(20)]
         md_cid = c.send(
             MetadataRequest(
                 topics=(MetadataRequestTopic(topic_id=None, name=topic),),
@@ -91,8 +57,8 @@ def test_acks_zero_gets_no_response_and_later_requests_keep_order(kfan: Kfan, cl
                 include_topic_authorized_operations=False,
             )
         )  # type: ignore[arg-type]
-        more_quiet = [c.send(_produce_request(topic, [5, 4], acks=0)) for _ in range(5)]
-        produce_cid = c.send(_produce_request(topic, [3, 0], acks=1))
+        more_quiet = [c.send(produce_request(topic, [5, 4], acks=0)) for _ in range(5)]
+        produce_cid = c.send(produce_request(topic, [3, 0], acks=1))
         first, second = c.receive(), c.receive()
         assert first is not None and second is not None
         assert struct.unpack_from(">i", first)[0] == md_cid

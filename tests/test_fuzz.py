@@ -25,7 +25,7 @@ from proxy.headers import parse_request_header, response_body_offset
 from proxy.wire import Malformed
 from tests.fuzz import broker_answers, client_frames, mutate
 from tests.fuzz.harness import Broken, Tally, check
-from tests.kio_oracle import kio_decode
+from tests.support.kio_oracle import kio_decode
 
 SEED = "pytest"
 

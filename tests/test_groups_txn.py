@@ -8,7 +8,7 @@ import uuid
 from confluent_kafka import Consumer, Producer, TopicPartition
 
 from backends.mock import MockCluster
-from tests.conftest import Kfan
+from tests.support.kfan import Kfan
 
 
 class _Direct:
@@ -35,7 +35,7 @@ def _consume(
             "auto.offset.reset": "earliest",
             "enable.auto.commit": False,
             "isolation.level": isolation,
-            # The mock holds a rejoin for session timeout - 1 s (see test_clients).
+            # The mock holds a rejoin for session timeout - 1 s (see tests/support/round_trip.py).
             "session.timeout.ms": 6000,
         }
     )

@@ -8,8 +8,8 @@ import pytest
 from confluent_kafka.admin import AdminClient
 from kio.schema.metadata.v12.request import MetadataRequest
 
-from tests.conftest import Kfan
-from tests.rawclient import RawClient
+from tests.support.kfan import Kfan
+from tests.support.rawclient import RawClient
 
 GOOD = MetadataRequest(topics=(), allow_auto_topic_creation=False, include_topic_authorized_operations=False)  # type: ignore[arg-type]
 

@@ -15,14 +15,14 @@ import os
 import re
 import subprocess
 import sys
-import threading
 import uuid
 from collections.abc import Iterator
 
 import pytest
 
-from tests.apt import ensure_command
-from tests.conftest import ROOT
+from tests.support import ROOT
+from tests.support.apt import ensure_command
+from tests.support.processes import follow_output
 
 CLIENT = r"""
 import sys, uuid
@@ -94,24 +94,11 @@ def _start(ns: str, *argv: str, ready: str) -> tuple[subprocess.Popen[str], list
         text=True,
         env=env,
     )
-    log: list[str] = []
-    found: list[re.Match[str]] = []
-    event = threading.Event()
-
-    def pump() -> None:
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            log.append(line)
-            if not found and (m := re.search(ready, line)):
-                found.append(m)
-                event.set()
-        event.set()
-
-    threading.Thread(target=pump, daemon=True).start()
-    if not event.wait(60) or not found:
+    log, started = follow_output(proc, ready, 60)
+    if started is None:
         proc.kill()
         raise AssertionError(f"{argv[0]} did not start in {ns}:\n" + "".join(log))
-    return proc, log, found[0]
+    return proc, log, started
 
 
 def test_client_reaches_the_cluster_only_through_kfans_advertised_address(namespaces: dict[str, str]) -> None:

@@ -14,17 +14,18 @@ import subprocess
 import sys
 import threading
 import time
-import urllib.error
-import urllib.request
 import uuid
 from pathlib import Path
 
 from confluent_kafka import Consumer, Producer, TopicPartition
 
 from backends.mock import MockCluster
-from backends.tansu import Tansu, _free_port
 from proxy import config
-from tests.conftest import ROOT, start_kfan
+from tests.support import ROOT
+from tests.support.kfan import SERVING, start_kfan
+from tests.support.metrics import http_get, metrics_port_in, parse_samples
+from tests.support.processes import free_port
+from tests.support.tansu import Tansu
 
 FAMILIES = [
     "kfan_client_requests_total",
@@ -42,37 +43,8 @@ FAMILIES = [
 ]
 
 
-def _get(url: str) -> tuple[int, str]:
-    try:
-        with urllib.request.urlopen(url, timeout=5) as r:
-            return r.status, r.read().decode()
-    except urllib.error.HTTPError as e:
-        return e.code, e.read().decode()
-
-
-def _metrics_port(log: list[str], timeout: float = 20) -> int:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        for line in list(log):
-            if m := re.search(r"metrics and health on http://[^:]+:(\d+)/metrics", line):
-                return int(m.group(1))
-        time.sleep(0.05)
-    raise AssertionError("no metrics listener in kfan's log:\n" + "".join(log))
-
-
-def _samples(text: str) -> dict[str, list[tuple[str, float]]]:
-    out: dict[str, list[tuple[str, float]]] = {}
-    for line in text.splitlines():
-        if line.startswith("#") or not line.strip():
-            continue
-        m = re.match(r"^(\w+)(\{[^}]*\})? (\S+)$", line)
-        assert m, line
-        out.setdefault(m.group(1), []).append((m.group(2) or "", float(m.group(3))))
-    return out
-
-
 def test_readyz_waits_for_the_cluster_and_metrics_cover_the_traffic() -> None:
-    port = _free_port()
+    port = free_port()
     env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"}
     proc = subprocess.Popen(
         [
@@ -95,15 +67,15 @@ def test_readyz_waits_for_the_cluster_and_metrics_cover_the_traffic() -> None:
     log: list[str] = []
     threading.Thread(target=lambda: [log.append(line) for line in proc.stdout], daemon=True).start()  # type: ignore[union-attr]
     try:
-        base = f"http://127.0.0.1:{_metrics_port(log)}"
-        assert _get(base + "/healthz")[0] == 200
-        assert _get(base + "/readyz")[0] == 503, "no broker has answered yet"
+        base = f"http://127.0.0.1:{metrics_port_in(log)}"
+        assert http_get(base + "/healthz")[0] == 200
+        assert http_get(base + "/readyz")[0] == 503, "no broker has answered yet"
         with Tansu(port) as tansu:
             deadline = time.monotonic() + 30
-            while _get(base + "/readyz")[0] != 200 and time.monotonic() < deadline:
+            while http_get(base + "/readyz")[0] != 200 and time.monotonic() < deadline:
                 time.sleep(0.2)
-            assert _get(base + "/readyz")[0] == 200
-            served = next(m for line in list(log) if (m := re.search(r"kfan: serving on (\S+):(\d+)", line)))
+            assert http_get(base + "/readyz")[0] == 200
+            served = next(m for line in list(log) if (m := re.search(SERVING, line)))
             bootstrap = f"{served.group(1)}:{served.group(2)}"
             from confluent_kafka.admin import AdminClient, NewTopic
 
@@ -121,10 +93,10 @@ def test_readyz_waits_for_the_cluster_and_metrics_cover_the_traffic() -> None:
             deadline = time.monotonic() + 30
             while got < 200 and time.monotonic() < deadline:
                 got += sum(1 for m in consumer.consume(100, timeout=0.5) if m.error() is None)
-            _, text = _get(base + "/metrics")
+            _, text = http_get(base + "/metrics")
             consumer.close()
             assert got == 200
-            samples = _samples(text)
+            samples = parse_samples(text)
             for family in FAMILIES:
                 base_name = re.sub(r"_(total|count)$", "", family)
                 assert re.search(rf"^# TYPE {base_name}(_total)? ", text, re.M), f"{family} missing from /metrics"
@@ -195,7 +167,7 @@ def _owners_of_established(port: int, pids: list[int]) -> dict[int, int]:
 def test_two_workers_share_the_port_and_both_serve(cluster: MockCluster, topic: str) -> None:
     # The metrics listener set through the environment, as the Dockerfile's users do:
     # only the parent binds it (workers would fail on the taken port).
-    metrics_port = _free_port()
+    metrics_port = free_port()
     k = start_kfan(cluster.bootstrap, "--workers", "2", env={"KFAN_METRICS_LISTEN": f"127.0.0.1:{metrics_port}"})
     try:
         line = next(line for line in k.log if "workers (pids" in line)  # the line start_kfan waited for
@@ -207,7 +179,7 @@ def test_two_workers_share_the_port_and_both_serve(cluster: MockCluster, topic: 
         assert all(p.flush(20) == 0 for p in producers)
         owners = _owners_of_established(k.port, pids)
         assert all(n > 0 for n in owners.values()), f"each worker holds client connections: {owners}"
-        assert _get(f"http://127.0.0.1:{metrics_port}/readyz")[0] == 200
+        assert http_get(f"http://127.0.0.1:{metrics_port}/readyz")[0] == 200
         assert k.process.poll() is None, "".join(k.log)
         del producers
     finally:

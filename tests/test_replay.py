@@ -16,7 +16,7 @@ calls (which the mock lacks) through kfan in front of Tansu, both with
 - the same traffic recorded with tcpdump directly between clients and
   brokers, imported with ``kfan capture import``, replays cleanly.
 
-Spark needs Java; it is installed with apt when missing (tests/apt.py), as is tcpdump.
+Spark needs Java; it is installed with apt when missing (tests/support/apt.py), as is tcpdump.
 """
 
 from __future__ import annotations
@@ -41,10 +41,10 @@ from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 
 from backends.mock import MockCluster
-from backends.tansu import Tansu
 from proxy.capture import read_capture
-from tests.apt import ensure_command
-from tests.conftest import start_kfan
+from tests.support.apt import ensure_command
+from tests.support.kfan import start_kfan
+from tests.support.tansu import Tansu
 
 KFAN = str(Path(sys.executable).parent / "kfan")
 RECORDS = 300

@@ -15,8 +15,9 @@ This file adds the rest of the client x backend matrix:
   of the same library, offsets committed and read back through kfan.
 
 On the mock the kcat runs reuse test_clients' records and exactly-once check
-(10,000 records, 6 partitions led by brokers 1,2,3,1,2,3). kcat is found on
-PATH or installed with apt (tests/kcat.py); if neither works the tests fail.
+(tests/support/round_trip.py: 10,000 records, 6 partitions led by brokers
+1,2,3,1,2,3). kcat is found on PATH or installed with apt
+(tests/support/kcat.py); if neither works the tests fail.
 """
 
 from __future__ import annotations
@@ -34,9 +35,9 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from backends.mock import MockCluster
-from tests.conftest import Kfan
-from tests.kcat import Consumed, Kcat, KcatUnavailable, Row, ensure_kcat
-from tests.test_clients import SESSION_MS, _records, check_exactly_once_in_order
+from tests.support.kcat import Consumed, Kcat, KcatUnavailable, Row, ensure_kcat
+from tests.support.kfan import Kfan
+from tests.support.round_trip import SESSION_MS, check_exactly_once_in_order, round_trip_records
 
 TANSU_RECORDS = 500
 TANSU_PARTITIONS = 3
@@ -135,7 +136,7 @@ def backend(request: pytest.FixtureRequest) -> Backend:
             cluster.create_topic(name, 6)  # led by brokers 1,2,3,1,2,3, as the `topic` fixture's
             return name
 
-        return Backend("mock", kfan, 6, _records(), mock_topic, check_exactly_once_in_order)
+        return Backend("mock", kfan, 6, round_trip_records(), mock_topic, check_exactly_once_in_order)
     kfan = request.getfixturevalue("kfan_tansu")
     records = keyed_records(TANSU_RECORDS)
     return Backend(

@@ -26,10 +26,10 @@ from collections import defaultdict
 from confluent_kafka import Consumer, Producer
 
 from proxy import routing
-from tests.conftest import Kfan, start_kfan
 from tests.fuzz.mutate import mutate, valid_requests
 from tests.support import mock_process
 from tests.support.badbroker import BadBroker
+from tests.support.kfan import Kfan, start_kfan
 
 RECORDS = 20_000
 HOSTILE_CONNECTIONS = 8

@@ -20,15 +20,14 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 from kio.index import load_request_schema, load_response_schema
 
-from backends.topology import Broker, Topology
+from backends.topology import Topology
 from proxy import errors, routing, schema
-from proxy.core import ANY, Context, Identity, layouts, plan_request, request_head
+from proxy.core import ANY, Context, layouts, plan_request, request_head
 from proxy.frames import FrameReader, frame
 from proxy.headers import parse_request_header, response_header
-from tests.kio_oracle import kio_decode, kio_encode, request_payload
+from tests.support.core_inputs import ALL_VERSIONS, BROKERS, IDENTITY
+from tests.support.kio_oracle import kio_decode, kio_encode, request_payload
 
-IDENTITY = Identity(node_id=42, host="kfan.example", port=19092)
-BROKERS = {i: Broker(i, f"broker{i}.internal", 9000 + i) for i in (1, 2, 3)}
 PARTITIONED = [
     routing.PRODUCE,
     routing.FETCH,
@@ -37,7 +36,6 @@ PARTITIONED = [
     routing.DELETE_RECORDS,
     routing.DESCRIBE_PRODUCERS,
 ]
-ALL_VERSIONS = {k: (r.start, r.stop - 1) for k in routing.ROUTES if (r := schema.known_versions(k))}
 # Per API, the response partition field that carries the leader's own answer.
 MARKER = {0: "base_offset", 1: "high_watermark", 2: "offset", 23: "end_offset", 21: "low_watermark", 61: "active_producers"}
 

@@ -2,7 +2,7 @@
 
 For requests and answers a test needs byte-exact (a reproducer, a scripted
 broker's answer); where an independent encoder matters, tests use kio's
-entities instead (tests/kio_oracle.py).
+entities instead (tests/support/kio_oracle.py).
 """
 
 from __future__ import annotations

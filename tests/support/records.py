@@ -1,0 +1,42 @@
+"""Kafka records and Produce requests built by hand, byte for byte, for tests that send raw frames."""
+
+from __future__ import annotations
+
+import datetime
+import struct
+
+from kio.schema.produce.v8.request import PartitionProduceData, ProduceRequest, TopicProduceData
+
+
+def record_batch(value: bytes) -> bytes:
+    """One record batch (magic 2) holding one record, CRC32C as Kafka requires."""
+    import crc32c
+
+    def varint(n: int) -> bytes:
+        n = (n << 1) ^ (n >> 63)
+        out = bytearray()
+        while n >= 0x80:
+            out.append((n & 0x7F) | 0x80)
+            n >>= 7
+        out.append(n)
+        return bytes(out)
+
+    body = b"\x00" + varint(0) + varint(0) + varint(-1) + varint(len(value)) + value + varint(0)
+    record = varint(len(body)) + body
+    after_crc = struct.pack(">hiqqqhii", 0, 0, 0, 0, -1, -1, -1, 1) + record
+    header = struct.pack(">qi", 0, 4 + 1 + 4 + len(after_crc)) + struct.pack(">i", 0) + b"\x02"
+    return header + struct.pack(">I", crc32c.crc32c(after_crc)) + after_crc
+
+
+def produce_request(topic: str, partitions: list[int], acks: int) -> ProduceRequest:
+    """A Produce v8 request: one record (value ``p<partition>``) for each partition given, in that order."""
+    return ProduceRequest(
+        transactional_id=None,
+        acks=acks,  # type: ignore[arg-type]
+        timeout=datetime.timedelta(seconds=5),
+        topic_data=(
+            TopicProduceData(
+                name=topic, partition_data=tuple(PartitionProduceData(index=p, records=record_batch(f"p{p}".encode())) for p in partitions)
+            ),
+        ),  # type: ignore[arg-type]
+    )
