@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from . import routing, schema
-from .frames import frame
+from .frames import DEFAULT_MAX_FRAME_BYTES, MIN_RESPONSE_FRAME, FrameReader, frame
 from .headers import response_body_offset
 from .wire import Malformed
 
@@ -101,18 +101,14 @@ def _decode(payload: bytes, api_key: int, api_version: int) -> Any:
     )
 
 
-def _read_frame(sock: socket.socket) -> bytes:
-    def exactly(n: int) -> bytes:
-        buf = bytearray()
-        while len(buf) < n:
-            chunk = sock.recv(n - len(buf))
-            if not chunk:
-                raise ConnectionError("the target closed the connection")
-            buf += chunk
-        return bytes(buf)
-
-    (size,) = struct.unpack(">i", exactly(4))
-    return exactly(size)
+def _read_frame(sock: socket.socket, reader: FrameReader) -> bytes:
+    """The next answer on ``sock``, cut by the one frame reader (sizes checked before buffering)."""
+    while (payload := reader.next_frame()) is None:
+        chunk = sock.recv(65536)
+        if not chunk:
+            raise ConnectionError("the target closed the connection")
+        reader.feed(chunk)
+    return payload
 
 
 def _connections(rows: list[dict[str, Any]]) -> Iterator[tuple[str, list[dict[str, Any]]]]:
@@ -131,6 +127,7 @@ def replay_live(rows: list[dict[str, Any]], target: tuple[str, int], apis: str =
         if not chosen:
             continue
         with socket.create_connection(target, timeout=timeout) as sock:
+            reader = FrameReader(DEFAULT_MAX_FRAME_BYTES, MIN_RESPONSE_FRAME)
             for r in chosen:
                 key, version, cid = r["api_key"], r["api_version"], r["correlation_id"]
                 sock.sendall(frame([r["request"]]))
@@ -138,8 +135,8 @@ def replay_live(rows: list[dict[str, Any]], target: tuple[str, int], apis: str =
                 if r["response"] is None:
                     continue
                 try:
-                    answer = _read_frame(sock)
-                except (OSError, ConnectionError) as e:
+                    answer = _read_frame(sock, reader)
+                except (OSError, ConnectionError, Malformed) as e:
                     report.mismatches.append(Mismatch(conn_id, cid, key, version, f"no answer: {e}"))
                     break
                 if struct.unpack_from(">i", answer)[0] != cid:

@@ -278,3 +278,39 @@ def test_double_prefix_is_told_from_a_correlation_id_equal_to_the_length() -> No
     request = struct.pack(">hhi", 12, 3, 10) + b"\x00\x01c" + b"group-1234"
     assert not _double_prefix(request, 12, 3)
     assert _double_prefix(frame([request]), 12, 3)
+
+
+def test_live_replay_refuses_an_answer_whose_size_is_out_of_bounds() -> None:
+    """The target's answers are cut by the one frame reader: a 2 GiB size prefix is
+    refused at once, not awaited (and buffered) byte by byte."""
+    import socket
+    import threading
+
+    from proxy import routing
+    from proxy.live import replay_live
+    from tests.support.messages import request_bytes
+
+    listener = socket.create_server(("127.0.0.1", 0))
+
+    def babbling_target() -> None:
+        conn, _ = listener.accept()
+        with conn:
+            conn.recv(65536)
+            conn.sendall(struct.pack(">i", 0x7FFFFFFF) + b"\x00\x00\x00\x05")
+            conn.recv(1)  # hold the connection open until the replay gives up on it
+
+    threading.Thread(target=babbling_target, daemon=True).start()
+    row = {
+        "conn_id": "c1",
+        "ts_start": 0,
+        "api_key": routing.METADATA,
+        "api_version": 12,
+        "correlation_id": 5,
+        "request": request_bytes(routing.METADATA, 12, {"topics": None}, correlation_id=5),
+        "response": b"\x00\x00\x00\x05\x00",
+    }
+    started = time.monotonic()
+    report = replay_live([row], listener.getsockname(), timeout=20)
+    listener.close()
+    assert [m.detail for m in report.mismatches][0].startswith("no answer: frame size 2147483647 outside")
+    assert time.monotonic() - started < 10
