@@ -68,6 +68,7 @@ from .wire import Malformed, Parts
 
 log = logging.getLogger("kfan.connection")
 _ids = itertools.count(1)
+_refused_logged_at = -math.inf  # when a refusal past --max-connections was last logged
 
 
 @dataclass(frozen=True)
@@ -607,6 +608,7 @@ class ClientConnection:
                 if writing.cancelled_caught:
                     log.warning("client %s: did not read a response within %.0f s, closing", self.id, self.limits.frame_timeout)
                     raise _Close("frame_timeout")
+                self._last_active = trio.current_time()  # idle counts from the last byte either way
                 metrics.BYTES.labels("client_out").inc(len(data))
             if slot.api_key >= 0:
                 metrics.CLIENT_LATENCY.labels(str(slot.api_key)).observe(trio.current_time() - slot.started)
@@ -635,7 +637,11 @@ async def serve_client(
     if registry is not None and len(registry) >= limits.max_connections:
         # As a broker over max.connections: the new connection is closed at once.
         metrics.CLIENT_CLOSES.labels("max_connections").inc()
-        log.warning("refusing a client connection: %d open, the limit (--max-connections)", len(registry))
+        global _refused_logged_at
+        now = trio.current_time()
+        if now - _refused_logged_at >= 10:  # a connection storm must not flood the log
+            _refused_logged_at = now
+            log.warning("refusing client connections: %d open, the limit (--max-connections)", len(registry))
         await trio.aclose_forcefully(stream)
         return
     conn = ClientConnection(stream, cluster, identity, limits, capture, pool)
