@@ -52,10 +52,10 @@ from .core import (
     Coordinator,
     Identity,
     Marks,
+    Outcome,
     Plan,
     Target,
     Unsupported,
-    answer_decodes,
     answer_marks,
     broker_failure_code,
     fetch_satisfied,
@@ -394,7 +394,8 @@ class ClientConnection:
             self._answer(slot, plan, None, pendings)
             return
         answers = await self._gather(plan, pendings, submitted_at)
-        if ANY in plan.subs and plan.header.api_key in routing.READ_ONLY and not answer_decodes(plan.header, answers[ANY]):
+        outcome = self._merge(plan, answers)
+        if (outcome is None or outcome.broker_failed) and ANY in plan.subs and plan.header.api_key in routing.READ_ONLY:
             # Any broker can answer this, and asking again changes nothing: one
             # broker's failure is not worth the client's (a Metadata answer has
             # no error code, so a failure would cost it its connection).
@@ -403,12 +404,9 @@ class ClientConnection:
             if again is not None:
                 pendings = {ANY: again}
                 answers = await self._gather(plan, pendings, trio.current_time())
-        assert plan.merge is not None
-        try:
-            outcome = plan.merge(answers, self._marks) if plan.fetch_min_bytes is not None else plan.merge(answers)
-        except BrokerUnavailable as e:
+                outcome = self._merge(plan, answers)
+        if outcome is None:
             # No error code of this response can say a broker failed: close, as a broker would on its own failure.
-            log.info("client %s: %s; closing (%s)", self.id, e, _describe(plan.header))
             slot.close = "broker_answer"
             slot.done.set()
             return
@@ -424,6 +422,15 @@ class ClientConnection:
         if outcome.stale_topics or outcome.refresh:
             self.cluster.request_refresh()
         self._answer(slot, plan, outcome.body, pendings, answers)
+
+    def _merge(self, plan: Plan, answers: Mapping[Target, Answer]) -> Outcome | None:
+        """The client's response from the brokers' answers; None when no error code of it can say a broker failed."""
+        assert plan.merge is not None
+        try:
+            return plan.merge(answers, self._marks) if plan.fetch_min_bytes is not None else plan.merge(answers)
+        except BrokerUnavailable as e:
+            log.info("client %s: %s (%s)", self.id, e, _describe(plan.header))
+            return None
 
     async def _gather(self, plan: Plan, pendings: Mapping[Target, Pending | int], submitted_at: float) -> dict[Target, Answer]:
         """The brokers' answers, as they come. A Fetch is answered as soon as a

@@ -81,6 +81,7 @@ class Outcome:
     refresh: bool = False  # the request changed topics or leaders: refresh the topology
     errors: dict[tuple[int, int], int] = field(default_factory=dict)  # (error code, broker) -> partitions answering it
     fetch_marks: dict[TopicPartition, Marks] = field(default_factory=dict)  # a Fetch: each answered partition's marks
+    broker_failed: bool = False  # the one broker asked failed or answered undecodably: another may answer
 
 
 # A partition's offsets as its leader last reported them in a Fetch answer:
@@ -239,17 +240,6 @@ def _reencoded(hdr: RequestHeader, payload: memoryview, request: Struct, expect_
 def decode_answer(hdr: RequestHeader, answer: memoryview | bytes) -> Struct:
     spec = response_spec(hdr.api_key, hdr.api_version)
     return decode_body(spec, answer, response_body_offset(answer, hdr.api_key, hdr.api_version), allow_trailing=True)
-
-
-def answer_decodes(hdr: RequestHeader, answer: Answer) -> bool:
-    """Whether a broker's answer (not a failure code) decodes: what asking again could mend."""
-    if isinstance(answer, int):
-        return False
-    try:
-        decode_answer(hdr, answer)
-    except Malformed:
-        return False
-    return True
 
 
 def decode_answers(
@@ -841,12 +831,12 @@ def _plan_any(ctx: Context, hdr: RequestHeader, payload: memoryview, request: St
     def merge(answers: Mapping[Target, Answer]) -> Outcome:
         answer = answers[target]
         if isinstance(answer, int):
-            return Outcome(_error_body(hdr, answer))
+            return Outcome(_error_body(hdr, answer), broker_failed=True)
         try:
             return _merge_any(answer)
         except Malformed:
             # The broker's answer does not parse: the request failed there.
-            return Outcome(_error_body(hdr, errors.NETWORK_EXCEPTION), refresh=True)
+            return Outcome(_error_body(hdr, errors.NETWORK_EXCEPTION), refresh=True, broker_failed=True)
 
     def _merge_any(answer: memoryview | bytes) -> Outcome:
         api_key = hdr.api_key
