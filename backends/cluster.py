@@ -23,10 +23,11 @@ from typing import Any
 
 import trio
 
-from proxy import errors, metrics, routing, schema
+from proxy import metrics
 from proxy.core import Coordinator, SubRequest, advertised_versions
-from proxy.headers import request_header_tail, response_body_offset
-from proxy.wire import Malformed
+from proxy.kafka import apis, errors, schema
+from proxy.kafka.headers import request_header_tail, response_body_offset
+from proxy.kafka.wire import Malformed
 
 from .link import Link, LinkError
 from .topology import Topology
@@ -38,7 +39,7 @@ _ANSWER_FAILURES = (LinkError, trio.TooSlowError, OSError, Malformed)
 
 CLIENT_ID = "kfan"
 # Versions the control plane speaks when the broker allows (clamped to what it supports).
-_PREFERRED = {routing.API_VERSIONS: 2, routing.METADATA: 12, routing.FIND_COORDINATOR: 3}
+_PREFERRED = {apis.API_VERSIONS: 2, apis.METADATA: 12, apis.FIND_COORDINATOR: 3}
 
 
 # Keys per batched FindCoordinator request.
@@ -56,7 +57,7 @@ def _decode(api_key: int, version: int, payload: bytes | memoryview) -> dict[str
 
 def read_api_versions(payload: bytes | memoryview, version: int) -> dict[int, tuple[int, int]]:
     """A broker's ApiVersions answer: api key -> (min, max) version. Raises only :class:`Malformed`."""
-    resp = _decode(routing.API_VERSIONS, version, payload)
+    resp = _decode(apis.API_VERSIONS, version, payload)
     if resp["error_code"] != 0:
         raise Malformed(f"ApiVersions answered error {resp['error_code']}")
     return {a["api_key"]: (a["min_version"], a["max_version"]) for a in resp["api_keys"] if a["min_version"] <= a["max_version"]}
@@ -64,21 +65,21 @@ def read_api_versions(payload: bytes | memoryview, version: int) -> dict[int, tu
 
 def read_metadata(payload: bytes | memoryview, version: int) -> dict[str, Any]:
     """A Metadata answer, with broker entries kfan could not connect to left out. Raises only :class:`Malformed`."""
-    resp = _decode(routing.METADATA, version, payload)
+    resp = _decode(apis.METADATA, version, payload)
     resp["brokers"] = [b for b in resp["brokers"] if b["node_id"] >= 0 and b["host"] and 0 < b["port"] < 65536]
     return resp
 
 
 def read_coordinators(payload: bytes | memoryview, version: int) -> dict[str, tuple[int, int]]:
     """Key -> (error code, node id) of a batched (v4+) FindCoordinator answer. Raises only :class:`Malformed`."""
-    resp = _decode(routing.FIND_COORDINATOR, version, payload)
+    resp = _decode(apis.FIND_COORDINATOR, version, payload)
     return {e["key"]: (e["error_code"], e["node_id"]) for e in resp["coordinators"]}
 
 
 def read_coordinator(payload: bytes | memoryview, version: int, key_type: int, key: str) -> tuple[int, int]:
     """(error code, node id) of a FindCoordinator answer for ``key``. Raises only :class:`Malformed`."""
     if version < 4:
-        resp = _decode(routing.FIND_COORDINATOR, version, payload)
+        resp = _decode(apis.FIND_COORDINATOR, version, payload)
         return resp["error_code"], resp["node_id"]
     found = read_coordinators(payload, version).get(key)
     if found is None:
@@ -93,7 +94,7 @@ def control_version(api_key: int, versions: Mapping[int, tuple[int, int]]) -> in
     assert known is not None
     lo, hi = versions.get(api_key, (known.start, _PREFERRED[api_key]))
     version = max(lo, min(hi, _PREFERRED[api_key]))
-    if api_key == routing.METADATA:
+    if api_key == apis.METADATA:
         version = max(version, 1)  # v0 cannot ask for every topic
     return min(max(version, known.start), known.stop - 1)
 
@@ -378,7 +379,7 @@ class Cluster:
                 broker = self.any_broker()
                 if broker is None:
                     return
-                version = self._version(broker, routing.FIND_COORDINATOR)
+                version = self._version(broker, apis.FIND_COORDINATOR)
                 if version < 4:
                     for name in names:
                         try:
@@ -392,7 +393,7 @@ class Cluster:
                 for start in range(0, len(names), _FIND_BATCH):
                     body = {"key_type": key_type, "coordinator_keys": names[start : start + _FIND_BATCH]}
                     try:
-                        found = read_coordinators(await self.call(broker, routing.FIND_COORDINATOR, version, body), version)
+                        found = read_coordinators(await self.call(broker, apis.FIND_COORDINATOR, version, body), version)
                     except _ANSWER_FAILURES as e:
                         log.info("FindCoordinator for %d keys failed: %s", len(body["coordinator_keys"]), e)
                         continue
@@ -408,12 +409,12 @@ class Cluster:
         b = self.any_broker()
         if b is None:
             raise LinkError("no broker known")
-        version = self._version(b, routing.FIND_COORDINATOR)
+        version = self._version(b, apis.FIND_COORDINATOR)
         if version >= 4:
             body = {"key_type": c.key_type, "coordinator_keys": [c.key]}
         else:
             body = {"key": c.key, "key_type": c.key_type}
-        payload = await self.call(b, routing.FIND_COORDINATOR, version, body)
+        payload = await self.call(b, apis.FIND_COORDINATOR, version, body)
         return read_coordinator(payload, version, c.key_type, c.key)
 
     def any_broker(self, exclude: int | None = None) -> int | None:
@@ -461,10 +462,10 @@ class Cluster:
             raise
 
     async def _api_versions(self, key: Any, host: str, port: int) -> dict[int, tuple[int, int]]:
-        version = _PREFERRED[routing.API_VERSIONS]
-        return read_api_versions(await self.call(key, routing.API_VERSIONS, version, {}, address=(host, port)), version)
+        version = _PREFERRED[apis.API_VERSIONS]
+        return read_api_versions(await self.call(key, apis.API_VERSIONS, version, {}, address=(host, port)), version)
 
     async def _metadata(self, key: Any, host: str, port: int, versions: Mapping[int, tuple[int, int]]) -> dict[str, Any]:
-        version = control_version(routing.METADATA, versions)
+        version = control_version(apis.METADATA, versions)
         body = {"topics": None, "allow_auto_topic_creation": False}
-        return read_metadata(await self.call(key, routing.METADATA, version, body, address=(host, port)), version)
+        return read_metadata(await self.call(key, apis.METADATA, version, body, address=(host, port)), version)

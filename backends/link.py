@@ -18,9 +18,9 @@ import trio
 
 from proxy import metrics
 from proxy.core import SubRequest, request_head
-from proxy.frames import DEFAULT_MAX_FRAME_BYTES, MIN_RESPONSE_FRAME, FrameReader, frame
-from proxy.headers import correlation_id_of
-from proxy.wire import Malformed
+from proxy.kafka.frames import DEFAULT_MAX_FRAME_BYTES, MIN_RESPONSE_FRAME, FrameReader, frame
+from proxy.kafka.headers import correlation_id_of
+from proxy.kafka.wire import Malformed
 
 log = logging.getLogger("kfan.link")
 _CID = struct.Struct(">i")

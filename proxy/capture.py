@@ -24,9 +24,10 @@ from typing import Any
 
 import trio
 
-from . import metrics, schema
-from .headers import parse_request_header, response_body_offset
-from .wire import Malformed
+from . import metrics
+from .kafka import schema
+from .kafka.headers import parse_request_header, response_body_offset
+from .kafka.wire import Malformed
 
 log = logging.getLogger("kfan.capture")
 

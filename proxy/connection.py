@@ -40,7 +40,7 @@ from backends.cluster import Cluster, CoordinatorError
 from backends.link import Link, LinkError, Pending
 from backends.topology import Topology
 
-from . import errors, metrics, routing
+from . import metrics, routing
 from .budget import Budget, MemoryPool
 from .capture import Capture
 from .core import (
@@ -61,10 +61,11 @@ from .core import (
     fetch_satisfied,
     plan_request,
 )
-from .frames import FrameReader, frame
-from .headers import RequestHeader, peek_request, response_header
+from .kafka import apis, errors
+from .kafka.frames import FrameReader, frame
+from .kafka.headers import RequestHeader, peek_request, response_header
+from .kafka.wire import Malformed, Parts
 from .partitioned import TopicPartition
-from .wire import Malformed, Parts
 
 log = logging.getLogger("kfan.connection")
 _ids = itertools.count(1)
@@ -295,7 +296,7 @@ class ClientConnection:
     async def _submit(self, plan: Plan) -> dict[Target, Pending | int]:
         """Send every sub-request now, in order; coordinators are resolved first."""
         out: dict[Target, Pending | int] = {}
-        lane = "fetch" if plan.header.api_key == routing.FETCH else "main"
+        lane = "fetch" if plan.header.api_key == apis.FETCH else "main"
         for target, sub in plan.subs.items():
             broker: int
             if isinstance(target, Coordinator):

@@ -24,12 +24,13 @@ from typing import Any, Protocol
 
 from backends.topology import Topology
 
-from . import errors, partitioned, routing, schema
-from .headers import RequestHeader, parse_request_header, response_body_offset
+from . import partitioned, routing
+from .kafka import apis, errors, schema
+from .kafka.headers import RequestHeader, parse_request_header, response_body_offset
+from .kafka.schema import Struct, decode_body, decode_body_costed, encode_body, request_spec, response_spec
+from .kafka.wire import Malformed, Parts
 from .partitioned import Layout, TopicKey, TopicPartition
 from .routing import Policy
-from .schema import Struct, decode_body, decode_body_costed, encode_body, request_spec, response_spec
-from .wire import Malformed, Parts
 
 
 class Unsupported(Exception):
@@ -153,7 +154,7 @@ def advertised_versions(broker_versions: list[Mapping[int, tuple[int, int]]]) ->
 
 
 def api_versions_body(api_versions: Mapping[int, tuple[int, int]], version: int, error_code: int = 0) -> Parts:
-    spec = response_spec(routing.API_VERSIONS, version)
+    spec = response_spec(apis.API_VERSIONS, version)
     body = {
         "error_code": error_code,
         "api_keys": [{"api_key": k, "min_version": lo, "max_version": hi} for k, (lo, hi) in sorted(api_versions.items())],
@@ -173,7 +174,7 @@ def plan_request(ctx: Context, payload: bytes | memoryview) -> Plan:
     """
     payload = memoryview(payload)
     hdr = parse_request_header(payload)
-    if hdr.api_key == routing.API_VERSIONS:
+    if hdr.api_key == apis.API_VERSIONS:
         if not hdr.known or hdr.api_key not in ctx.api_versions or not _advertises(ctx, hdr):
             # A newer ApiVersions than ours: answer in v0 with the list, as a broker does.
             return Plan(hdr, True, reply=api_versions_body(ctx.api_versions, 0, errors.UNSUPPORTED_VERSION))
@@ -271,12 +272,12 @@ def _passthrough_body(hdr: RequestHeader, answer: memoryview | bytes) -> Parts:
 
 # api_key -> ((request topics, partitions, index), (response topics, partitions, index))
 _PARTITIONED: dict[int, tuple[tuple[str, str, str | None], tuple[str, str, str | None]]] = {
-    routing.PRODUCE: (("topic_data", "partition_data", "index"), ("responses", "partition_responses", "index")),
-    routing.FETCH: (("topics", "partitions", "partition"), ("responses", "partitions", "partition_index")),
-    routing.LIST_OFFSETS: (("topics", "partitions", "partition_index"), ("topics", "partitions", "partition_index")),
-    routing.OFFSET_FOR_LEADER_EPOCH: (("topics", "partitions", "partition"), ("topics", "partitions", "partition")),
-    routing.DELETE_RECORDS: (("topics", "partitions", "partition_index"), ("topics", "partitions", "partition_index")),
-    routing.DESCRIBE_PRODUCERS: (("topics", "partition_indexes", None), ("topics", "partitions", "partition_index")),
+    apis.PRODUCE: (("topic_data", "partition_data", "index"), ("responses", "partition_responses", "index")),
+    apis.FETCH: (("topics", "partitions", "partition"), ("responses", "partitions", "partition_index")),
+    apis.LIST_OFFSETS: (("topics", "partitions", "partition_index"), ("topics", "partitions", "partition_index")),
+    apis.OFFSET_FOR_LEADER_EPOCH: (("topics", "partitions", "partition"), ("topics", "partitions", "partition")),
+    apis.DELETE_RECORDS: (("topics", "partitions", "partition_index"), ("topics", "partitions", "partition_index")),
+    apis.DESCRIBE_PRODUCERS: (("topics", "partition_indexes", None), ("topics", "partitions", "partition_index")),
 }
 
 
@@ -297,9 +298,9 @@ def _plan_partitioned(ctx: Context, hdr: RequestHeader, payload: memoryview, req
     api_key = hdr.api_key
     topo = ctx.topology
     req_layout, resp_layout = layouts(api_key, hdr.api_version)
-    expect = not (api_key == routing.PRODUCE and request["acks"] == 0)
+    expect = not (api_key == apis.PRODUCE and request["acks"] == 0)
     rewritten = False
-    if api_key == routing.FETCH:
+    if api_key == apis.FETCH:
         if request.get("session_id", 0) != 0 and request.get("session_epoch", -1) > 0:
             # We never hand out fetch sessions (they are per broker and cannot
             # fan out), so an incremental fetch names a session we do not know.
@@ -358,7 +359,7 @@ def _plan_partitioned(ctx: Context, hdr: RequestHeader, payload: memoryview, req
             if code != NO_ANSWER_YET:
                 outcome.stale_topics.update(tp[0] for tp, owner_target in owner.items() if owner_target == target)
         _rewrite_partitions(ctx.identity, body, resp_layout, outcome)
-        if api_key == routing.FETCH:
+        if api_key == apis.FETCH:
             waiting = {tp for tp, t in owner.items() if t in failed and failed[t] == NO_ANSWER_YET}
             outcome.fetch_marks = _finish_fetch(body, request, resp_layout, decoded, waiting, marks)
         outcome.body = encode_body(response_spec(api_key, hdr.api_version), body)
@@ -369,7 +370,7 @@ def _plan_partitioned(ctx: Context, hdr: RequestHeader, payload: memoryview, req
         # Nothing routable: answer at once with per-partition errors.
         local = merge({})
         return Plan(hdr, expect, reply=local.body if expect else [], unknown_topics=unknown, reply_errors=local.errors)
-    if api_key != routing.FETCH:
+    if api_key != apis.FETCH:
         return Plan(hdr, expect, subs=plan_subs, merge=merge, unknown_topics=unknown)
     fetch_keys: dict[Target, Hashable] = {t: fetch_key(sub, req_layout) for t, sub in subs.items()}
     fetch_partitions = {t: frozenset(req_layout.keys(sub)) for t, sub in subs.items()}
@@ -441,7 +442,7 @@ def answer_marks(hdr: RequestHeader, answer: Answer) -> dict[TopicPartition, Mar
     """The marks a broker's Fetch answer carries (none when it failed)."""
     if isinstance(answer, int):
         return {}
-    _, layout = layouts(routing.FETCH, hdr.api_version)
+    _, layout = layouts(apis.FETCH, hdr.api_version)
     try:
         return _marks_of(decode_answer(hdr, answer), layout)
     except Malformed:
@@ -505,9 +506,9 @@ def broker_failure_code(api_key: int, written: bool) -> int:
     refresh and retry), and a Fetch NOT_LEADER_OR_FOLLOWER, which every
     consumer handles quietly by refreshing its metadata and fetching again.
     """
-    if api_key == routing.PRODUCE:
+    if api_key == apis.PRODUCE:
         return errors.REQUEST_TIMED_OUT if written else errors.NOT_LEADER_OR_FOLLOWER
-    if api_key == routing.FETCH:
+    if api_key == apis.FETCH:
         return errors.NOT_LEADER_OR_FOLLOWER
     return errors.NETWORK_EXCEPTION
 
@@ -549,14 +550,14 @@ def _fetch_session_error(hdr: RequestHeader) -> Parts:
 # --- coordinator-routed -------------------------------------------------------
 
 _GROUP_KEYED = {
-    routing.JOIN_GROUP,
-    routing.SYNC_GROUP,
-    routing.HEARTBEAT,
-    routing.LEAVE_GROUP,
-    routing.OFFSET_COMMIT,
-    routing.OFFSET_DELETE,
-    routing.TXN_OFFSET_COMMIT,
-    routing.CONSUMER_GROUP_HEARTBEAT,
+    apis.JOIN_GROUP,
+    apis.SYNC_GROUP,
+    apis.HEARTBEAT,
+    apis.LEAVE_GROUP,
+    apis.OFFSET_COMMIT,
+    apis.OFFSET_DELETE,
+    apis.TXN_OFFSET_COMMIT,
+    apis.CONSUMER_GROUP_HEARTBEAT,
 }
 
 
@@ -573,12 +574,12 @@ class Batch:
 
 # Batched forms: each entry goes to its own coordinator, answers merged in order.
 BATCHES: dict[int, Batch] = {
-    routing.OFFSET_FETCH: Batch(0, "groups", "group_id", "groups", "group_id"),  # v8+
-    routing.DESCRIBE_GROUPS: Batch(0, "groups", None, "groups", "group_id"),
-    routing.DELETE_GROUPS: Batch(0, "groups_names", None, "results", "group_id"),
-    routing.CONSUMER_GROUP_DESCRIBE: Batch(0, "group_ids", None, "groups", "group_id"),
-    routing.DESCRIBE_TRANSACTIONS: Batch(1, "transactional_ids", None, "transaction_states", "transactional_id"),
-    routing.ADD_PARTITIONS_TO_TXN: Batch(1, "transactions", "transactional_id", "results_by_transaction", "transactional_id"),  # v4+
+    apis.OFFSET_FETCH: Batch(0, "groups", "group_id", "groups", "group_id"),  # v8+
+    apis.DESCRIBE_GROUPS: Batch(0, "groups", None, "groups", "group_id"),
+    apis.DELETE_GROUPS: Batch(0, "groups_names", None, "results", "group_id"),
+    apis.CONSUMER_GROUP_DESCRIBE: Batch(0, "group_ids", None, "groups", "group_id"),
+    apis.DESCRIBE_TRANSACTIONS: Batch(1, "transactional_ids", None, "transaction_states", "transactional_id"),
+    apis.ADD_PARTITIONS_TO_TXN: Batch(1, "transactions", "transactional_id", "results_by_transaction", "transactional_id"),  # v4+
 }
 
 
@@ -595,12 +596,12 @@ def coordinators_of(api_key: int, request: Struct) -> list[Coordinator] | None:
     """The coordinator(s) a request belongs to, one per entry of a batched form; None: any broker will do."""
     if (batch := batch_of(api_key, request)) is not None:
         return [Coordinator(batch.key_type, _batch_key(batch, e)) for e in request[batch.request_array]]
-    if api_key in _GROUP_KEYED or api_key == routing.OFFSET_FETCH:
+    if api_key in _GROUP_KEYED or api_key == apis.OFFSET_FETCH:
         return [Coordinator(0, request["group_id"])]
-    if api_key == routing.INIT_PRODUCER_ID:
+    if api_key == apis.INIT_PRODUCER_ID:
         txn = request.get("transactional_id")
         return None if txn is None else [Coordinator(1, txn)]
-    if api_key == routing.ADD_PARTITIONS_TO_TXN:
+    if api_key == apis.ADD_PARTITIONS_TO_TXN:
         return [Coordinator(1, request["v3_and_below_transactional_id"])]
     return [Coordinator(1, request["transactional_id"])]
 
@@ -728,9 +729,9 @@ def _plan_batch(ctx: Context, hdr: RequestHeader, payload: memoryview, request: 
 
 # api_key -> the answer's array that is concatenated over brokers.
 EVERY_BROKER_ARRAYS: dict[int, str] = {
-    routing.LIST_GROUPS: "groups",
-    routing.LIST_TRANSACTIONS: "transaction_states",
-    routing.DESCRIBE_LOG_DIRS: "results",
+    apis.LIST_GROUPS: "groups",
+    apis.LIST_TRANSACTIONS: "transaction_states",
+    apis.DESCRIBE_LOG_DIRS: "results",
 }
 
 
@@ -806,7 +807,7 @@ class BrokerUnavailable(Exception):
 # Config resources that name a broker: BROKER and BROKER_LOGGER (Kafka's ConfigResource.Type).
 _BROKER_RESOURCES = frozenset({4, 8})
 # api_key -> the answer's array of resources.
-_CONFIG_ANSWERS = {routing.DESCRIBE_CONFIGS: "results", routing.ALTER_CONFIGS: "responses", routing.INCREMENTAL_ALTER_CONFIGS: "responses"}
+_CONFIG_ANSWERS = {apis.DESCRIBE_CONFIGS: "results", apis.ALTER_CONFIGS: "responses", apis.INCREMENTAL_ALTER_CONFIGS: "responses"}
 
 
 def _plan_any(ctx: Context, hdr: RequestHeader, payload: memoryview, request: Struct) -> Plan:
@@ -841,17 +842,17 @@ def _plan_any(ctx: Context, hdr: RequestHeader, payload: memoryview, request: St
     def _merge_any(answer: memoryview | bytes) -> Outcome:
         api_key = hdr.api_key
         spec = response_spec(api_key, hdr.api_version)
-        if api_key == routing.METADATA:
+        if api_key == apis.METADATA:
             decoded = decode_answer(hdr, answer)
             return Outcome(encode_body(spec, rewrite_metadata(identity, decoded, _broker_blank(spec))), metadata=decoded)
-        if api_key == routing.FIND_COORDINATOR:
+        if api_key == apis.FIND_COORDINATOR:
             body, learned = rewrite_find_coordinator(identity, request, decode_answer(hdr, answer))
             return Outcome(encode_body(spec, body), coordinators=learned)
-        if api_key == routing.DESCRIBE_CLUSTER:
+        if api_key == apis.DESCRIBE_CLUSTER:
             return Outcome(encode_body(spec, rewrite_describe_cluster(identity, decode_answer(hdr, answer), _broker_blank(spec))))
-        if api_key == routing.DESCRIBE_TOPIC_PARTITIONS:
+        if api_key == apis.DESCRIBE_TOPIC_PARTITIONS:
             return Outcome(encode_body(spec, rewrite_describe_topic_partitions(identity, decode_answer(hdr, answer))))
-        if api_key == routing.LIST_PARTITION_REASSIGNMENTS:
+        if api_key == apis.LIST_PARTITION_REASSIGNMENTS:
             return Outcome(encode_body(spec, rewrite_reassignments(identity, decode_answer(hdr, answer))))
         if stand_in is not None:
             body = rewrite_config_resources(decode_answer(hdr, answer), _CONFIG_ANSWERS[api_key], stand_in, str(identity.node_id))

@@ -23,10 +23,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import routing, schema
-from .frames import DEFAULT_MAX_FRAME_BYTES, MIN_RESPONSE_FRAME, FrameReader, frame
-from .headers import response_body_offset
-from .wire import Malformed
+from . import routing
+from .kafka import schema
+from .kafka.frames import DEFAULT_MAX_FRAME_BYTES, MIN_RESPONSE_FRAME, FrameReader, frame
+from .kafka.headers import response_body_offset
+from .kafka.wire import Malformed
 
 # Fields that name what an entry answers for; kept in the compared structure.
 _NAMES = frozenset(

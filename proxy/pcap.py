@@ -28,9 +28,9 @@ from typing import Any, BinaryIO
 
 from backends.topology import Topology
 
-from . import routing, schema
-from .headers import parse_request_header, response_body_offset
-from .wire import Malformed
+from .kafka import apis, schema
+from .kafka.headers import parse_request_header, response_body_offset
+from .kafka.wire import Malformed
 
 log = logging.getLogger("kfan.pcap")
 
@@ -184,7 +184,7 @@ def _topologies(found: list[Exchange]) -> list[tuple[int, Topology]]:
     views: list[tuple[int, Topology]] = []
     topology = Topology()
     for e in sorted(found, key=lambda e: e.ts_end):
-        if e.api_key != routing.METADATA or e.response is None:
+        if e.api_key != apis.METADATA or e.response is None:
             continue
         try:
             body = schema.decode_body(

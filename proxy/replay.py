@@ -25,9 +25,10 @@ from typing import Any
 
 from backends.topology import Topology
 
-from . import frames, routing, schema
+from . import routing
 from .core import ANY, NO_ANSWER_YET, Context, Identity, Marks, layouts, plan_request, request_head
-from .headers import parse_request_header, response_body_offset
+from .kafka import apis, frames, schema
+from .kafka.headers import parse_request_header, response_body_offset
 
 # A deliberately broken core, for the tests of the replay job only:
 # "drop-partition", "double-prefix" or "swap-responses".
@@ -161,7 +162,7 @@ def check_exchange(row: Mapping[str, Any]) -> Result:
             return result
         replayed[b] = payload[:4] + payload[8:]
     recorded = {s["broker"]: s["request"][:4] + s["request"][8:] for s in subs_recorded}
-    if api_key == routing.FETCH:
+    if api_key == apis.FETCH:
         same = {b: _fetch_asks(q[:4] + b"\0\0\0\0" + q[4:], api_version) for b, q in recorded.items()} == {
             b: _fetch_asks(q[:4] + b"\0\0\0\0" + q[4:], api_version) for b, q in replayed.items()
         }
@@ -182,7 +183,7 @@ def check_exchange(row: Mapping[str, Any]) -> Result:
         keys = list(answers)
         answers = dict(zip(keys, [answers[k] for k in keys[1:] + keys[:1]], strict=True))
     recorded_body = response[response_body_offset(response, api_key, api_version) :]
-    marks = _recorded_marks(response, api_key, api_version) if api_key == routing.FETCH else {}
+    marks = _recorded_marks(response, api_key, api_version) if api_key == apis.FETCH else {}
     merged = b"".join(bytes(p) for p in plan.merge({ANY if t == ANY else t: a for t, a in answers.items()}, marks).body)
     if merged != recorded_body and not scrubbed:
         add(Finding("merge", hexdiff(recorded_body, merged)))

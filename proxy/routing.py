@@ -1,3 +1,4 @@
+# ruff: noqa: F403, F405  (temporary, until the route table replaces this module)
 """The routing table: which APIs kfan serves and how each request is routed.
 
 Policies (DESIGN.md): ``local`` (answered by kfan), ``leader`` (split by
@@ -12,6 +13,8 @@ from __future__ import annotations
 
 import enum
 
+from .kafka.apis import *  # noqa: F403 (temporary, until the route table replaces this module)
+
 
 class Policy(enum.Enum):
     LOCAL = "local"
@@ -21,52 +24,6 @@ class Policy(enum.Enum):
     ANY = "any"
 
 
-PRODUCE = 0
-FETCH = 1
-LIST_OFFSETS = 2
-METADATA = 3
-OFFSET_COMMIT = 8
-OFFSET_FETCH = 9
-FIND_COORDINATOR = 10
-JOIN_GROUP = 11
-HEARTBEAT = 12
-LEAVE_GROUP = 13
-SYNC_GROUP = 14
-API_VERSIONS = 18
-CREATE_TOPICS = 19
-DELETE_TOPICS = 20
-DELETE_RECORDS = 21
-INIT_PRODUCER_ID = 22
-OFFSET_FOR_LEADER_EPOCH = 23
-ADD_PARTITIONS_TO_TXN = 24
-ADD_OFFSETS_TO_TXN = 25
-END_TXN = 26
-TXN_OFFSET_COMMIT = 28
-DESCRIBE_GROUPS = 15
-LIST_GROUPS = 16
-DESCRIBE_ACLS = 29
-CREATE_ACLS = 30
-DELETE_ACLS = 31
-DESCRIBE_CONFIGS = 32
-ALTER_CONFIGS = 33
-DESCRIBE_LOG_DIRS = 35
-CREATE_PARTITIONS = 37
-DELETE_GROUPS = 42
-ELECT_LEADERS = 43
-INCREMENTAL_ALTER_CONFIGS = 44
-ALTER_PARTITION_REASSIGNMENTS = 45
-LIST_PARTITION_REASSIGNMENTS = 46
-OFFSET_DELETE = 47
-DESCRIBE_CLIENT_QUOTAS = 48
-ALTER_CLIENT_QUOTAS = 49
-DESCRIBE_USER_SCRAM_CREDENTIALS = 50
-DESCRIBE_CLUSTER = 60
-DESCRIBE_PRODUCERS = 61
-DESCRIBE_TRANSACTIONS = 65
-LIST_TRANSACTIONS = 66
-CONSUMER_GROUP_HEARTBEAT = 68
-CONSUMER_GROUP_DESCRIBE = 69
-DESCRIBE_TOPIC_PARTITIONS = 75
 
 ROUTES: dict[int, Policy] = {
     API_VERSIONS: Policy.LOCAL,
@@ -163,13 +120,3 @@ READ_ONLY = frozenset(
     }
 )
 
-
-def api_name(api_key: int) -> str:
-    """Kafka's own name for an API (from its message schema)."""
-    from kio.index import load_request_schema
-
-    from .schema import known_versions
-
-    versions = known_versions(api_key)
-    assert versions is not None
-    return load_request_schema(api_key, versions.start).__name__.removesuffix("Request")

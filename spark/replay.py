@@ -157,7 +157,7 @@ def _bars(title: str, items: list[tuple[str, int]]) -> str:
 
 
 def render_html(summary: dict[str, Any]) -> str:
-    from proxy.routing import api_name
+    from proxy.kafka.apis import api_name
 
     def name(key: int) -> str:
         try:

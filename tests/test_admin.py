@@ -51,6 +51,7 @@ from kio.static.primitive import i8, i32, i32Timedelta, i64
 
 from backends.mock import MockCluster
 from proxy import routing
+from proxy.kafka import apis
 from tests.support.kfan import Kfan
 from tests.support.rawclient import RawClient
 from tests.support.tansu import Tansu
@@ -494,11 +495,11 @@ def test_api_tansu_lacks_is_refused_as_tansu_refuses_it(kfan_tansu: Kfan, tansu:
     clients' errors for them are compared in the two lifecycle tests above.
     """
     broker, kfan = _api_versions(_host_port(tansu.bootstrap)), _api_versions(kfan_tansu.address)
-    lacking = set(routing.ROUTES) - set(broker) - {routing.API_VERSIONS}
-    assert routing.ALTER_CONFIGS in lacking, "the raw request below needs an API Tansu lacks"
+    lacking = set(routing.ROUTES) - set(broker) - {apis.API_VERSIONS}
+    assert apis.ALTER_CONFIGS in lacking, "the raw request below needs an API Tansu lacks"
     assert not lacking & set(kfan), f"kfan advertises APIs its broker lacks: {sorted(lacking & set(kfan))}"
     for api_key, (lo, hi) in kfan.items():
-        if api_key != routing.API_VERSIONS:
+        if api_key != apis.API_VERSIONS:
             assert broker[api_key][0] <= lo <= hi <= broker[api_key][1], (api_key, kfan[api_key], broker[api_key])
 
     m = _kio("alter_configs", 1)
@@ -517,7 +518,7 @@ def test_describe_cluster_names_kfan_as_the_only_broker_and_controller(kfan_tans
     (confluent-kafka's describe_cluster reads Metadata, kafka-python's reads
     DescribeCluster; this pins the API itself.)
     """
-    lo, hi = _api_versions(kfan_tansu.address)[routing.DESCRIBE_CLUSTER]
+    lo, hi = _api_versions(kfan_tansu.address)[apis.DESCRIBE_CLUSTER]
     assert lo <= hi
     for version in range(lo, hi + 1):
         request = _kio("describe_cluster", version).DescribeClusterRequest(include_cluster_authorized_operations=True)
@@ -562,7 +563,7 @@ def test_delete_records_through_kfan_moves_the_low_watermark_as_tansu_does(kfan_
     assert {p: latest[(topic, p)][0] - low[p] for p in (0, 1)} == dict(produced)
     cut = {p: low[p] + 4 for p in (0, 1)}
 
-    version = min(_api_versions(kfan_tansu.address)[routing.DELETE_RECORDS][1], 2)
+    version = min(_api_versions(kfan_tansu.address)[apis.DELETE_RECORDS][1], 2)
     m = _kio("delete_records", version)
     request = m.DeleteRecordsRequest(
         topics=(
@@ -644,7 +645,7 @@ def test_watermarks_and_offsets_for_times_of_six_partitions_in_one_call(kfan: Kf
     assert {p: latest[(topic, p)][0] - earliest[(topic, p)][0] for p in range(6)} == {p: delivered[p] for p in range(6)}
 
     # One raw request, every partition with its own spec, in scrambled order.
-    version = _api_versions(kfan.address)[routing.LIST_OFFSETS][1]
+    version = _api_versions(kfan.address)[apis.LIST_OFFSETS][1]
     version = min(version, 7)
     m = _kio("list_offsets", version)
     order = [4, 1, 5, 0, 3, 2]
@@ -734,8 +735,8 @@ def test_committed_offsets_of_groups_on_different_coordinators(kfan: Kfan, clust
         listed = confluent.list_consumer_group_offsets([spec], request_timeout=TIMEOUT)[group].result(TIMEOUT)
         assert {(tp.topic, tp.partition): tp.offset for tp in listed.topic_partitions if tp.offset >= 0} == offsets
 
-    version = _api_versions(kfan.address)[routing.OFFSET_FETCH][1]
-    direct_version = min(version, _api_versions(cluster.brokers[2], 2)[routing.OFFSET_FETCH][1])
+    version = _api_versions(kfan.address)[apis.OFFSET_FETCH][1]
+    direct_version = min(version, _api_versions(cluster.brokers[2], 2)[apis.OFFSET_FETCH][1])
     coordinators = {ga: 2, gb: 3}
     own: dict[str, dict[str, Any]] = {}
     for group, broker in coordinators.items():
@@ -790,8 +791,8 @@ def test_offset_fetch_v8_naming_several_groups_in_one_request(kfan_tansu: Kfan, 
         _commit(tansu.bootstrap, group, offsets)
 
     kfan_versions, tansu_versions = _api_versions(kfan_tansu.address), _api_versions(_host_port(tansu.bootstrap))
-    lo, hi = kfan_versions[routing.OFFSET_FETCH]
-    assert 8 <= hi <= tansu_versions[routing.OFFSET_FETCH][1]
+    lo, hi = kfan_versions[apis.OFFSET_FETCH]
+    assert 8 <= hi <= tansu_versions[apis.OFFSET_FETCH][1]
     groups: list[tuple[str, list[tuple[str, list[int]]] | None]] = [
         (g1, [(topic, [0, 1, 2])]),
         (nobody, None),
@@ -839,7 +840,7 @@ def test_list_groups_through_kfan_lists_tansu_groups(kfan_tansu: Kfan, tansu: Ta
     def groups_of(answer: dict[str, Any]) -> list[dict[str, Any]]:
         return sorted(answer["groups"], key=lambda g: g["group_id"])
 
-    lo, hi = _api_versions(kfan_tansu.address)[routing.LIST_GROUPS]
+    lo, hi = _api_versions(kfan_tansu.address)[apis.LIST_GROUPS]
     assert lo <= hi
     for version in range(lo, hi + 1):
         m = _kio("list_groups", version)

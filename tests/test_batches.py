@@ -23,10 +23,10 @@ from hypothesis import strategies as st
 from kio.index import load_request_schema, load_response_schema
 
 from backends.topology import Topology
-from proxy import errors, schema
 from proxy.core import BATCHES, EVERY_BROKER_ARRAYS, Context, Coordinator, batch_of, plan_request, request_head
-from proxy.frames import frame
-from proxy.headers import parse_request_header, response_header
+from proxy.kafka import errors, schema
+from proxy.kafka.frames import frame
+from proxy.kafka.headers import parse_request_header, response_header
 from tests.support.core_inputs import ALL_VERSIONS, BROKERS, IDENTITY
 from tests.support.kio_oracle import kio_decode, kio_encode, request_payload
 

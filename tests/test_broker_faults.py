@@ -39,8 +39,8 @@ from kio.schema.produce.v9.request import PartitionProduceData, ProduceRequest, 
 
 from backends.cluster import CLIENT_ID as KFAN_CLIENT_ID
 from backends.mock import MockCluster
-from proxy import errors, routing, schema
-from proxy.headers import response_body_offset
+from proxy.kafka import apis, errors, schema
+from proxy.kafka.headers import response_body_offset
 from tests.support.badbroker import BadBroker
 from tests.support.flows import Flow, Reports, check_in_order, wait_for
 from tests.support.kfan import Kfan, start_kfan
@@ -234,7 +234,7 @@ def produce(client: RawClient, topic: str, partitions: list[int], tag: str, acke
     cid = client.send(request)
     payload = _receive_or_fail(client, "a Produce")
     assert struct.unpack_from(">i", payload)[0] == cid
-    resp = decode(routing.PRODUCE, 9, payload)
+    resp = decode(apis.PRODUCE, 9, payload)
     assert [t["name"] for t in resp["responses"]] == [topic]
     codes = {p["index"]: p["error_code"] for p in resp["responses"][0]["partition_responses"]}
     assert list(codes) == partitions, f"every partition once, in the client's order: {list(codes)}"
@@ -313,7 +313,7 @@ def fetch(client: RawClient, topic: str, offsets: Mapping[int, int] | None = Non
     cid = client.send(request)
     payload = _receive_or_fail(client, "a Fetch")
     assert struct.unpack_from(">i", payload)[0] == cid
-    resp = decode(routing.FETCH, 12, payload)
+    resp = decode(apis.FETCH, 12, payload)
     assert resp["error_code"] == 0, resp["error_code"]
     got = {
         p["partition_index"]: Part(p["error_code"], records_in(None if p["records"] is None else bytes(p["records"])), p["high_watermark"])
@@ -369,9 +369,9 @@ def test_produce_through_a_bad_answer(env: Env, mode: str) -> None:
     acked = Acked()
     with KfanClient(env.kfan) as client:
         assert produce(client, topic, ALL, "before", acked) == dict.fromkeys(ALL, 0)
-        env.bad.set_mode(mode, api_keys={routing.PRODUCE})
+        env.bad.set_mode(mode, api_keys={apis.PRODUCE})
         codes = produce(client, topic, ALL, "during", acked)
-        assert env.bad.injected(mode, routing.PRODUCE) >= 1, "the stand-in spoiled no Produce answer"
+        assert env.bad.injected(mode, apis.PRODUCE) >= 1, "the stand-in spoiled no Produce answer"
         assert {p: codes[p] for p in HEALTHY} == dict.fromkeys(HEALTHY, 0), f"healthy brokers' partitions failed: {codes}"
         if mode == "unknown_tags":
             assert {p: codes[p] for p in ON_BAD} == dict.fromkeys(ON_BAD, 0), f"a legal answer turned into errors: {codes}"
@@ -404,7 +404,7 @@ def test_fetch_through_a_bad_answer(env: Env, mode: str) -> None:
     with KfanClient(env.kfan) as writer:
         assert produce(writer, topic, ALL, "v", acked) == dict.fromkeys(ALL, 0)
     expected = {p: [f"v-{p}".encode()] for p in ALL}
-    env.bad.set_mode(mode, api_keys={routing.FETCH})
+    env.bad.set_mode(mode, api_keys={apis.FETCH})
     with KfanClient(env.kfan) as client:
         # A fresh connection, so kfan knows no marks yet and waits for broker 2's answer in this very
         # Fetch; the healthy brokers answer a little later, so that the bad answer is in kfan's hands
@@ -416,7 +416,7 @@ def test_fetch_through_a_bad_answer(env: Env, mode: str) -> None:
         finally:
             for b in HEALTHY_BROKERS:
                 env.cluster.set_rtt(b, 0)
-        assert env.bad.injected(mode, routing.FETCH) >= 1, "the stand-in spoiled no Fetch answer"
+        assert env.bad.injected(mode, apis.FETCH) >= 1, "the stand-in spoiled no Fetch answer"
         assert {p: (got[p].code, got[p].values) for p in HEALTHY} == {p: (0, expected[p]) for p in HEALTHY}, f"healthy partitions: {got}"
         for p in ON_BAD:
             if mode == "unknown_tags":
@@ -511,7 +511,7 @@ def test_real_clients_ride_out_a_broker_that_misbehaves_at_random(env: Env) -> N
         )
         started = time.monotonic() - sent / CHAOS_RATE
         for seed, (mode, probability) in enumerate(timeline):
-            env.bad.set_mode(mode, api_keys={routing.PRODUCE, routing.FETCH}, probability=probability, seed=seed)
+            env.bad.set_mode(mode, api_keys={apis.PRODUCE, apis.FETCH}, probability=probability, seed=seed)
             until = time.monotonic() + 1.0
             while time.monotonic() < until and k.alive():
                 due = int((time.monotonic() - started) * CHAOS_RATE)
@@ -611,8 +611,8 @@ def test_unknown_tagged_fields_from_the_coordinator_change_nothing(env: Env) -> 
     injected = {api: env.bad.injected("unknown_tags", api) for api in (0, 1, 2, 3, 8, 9, 10)}
     print(f"answers given an unknown tag, by api key: {injected}")
     env.check()
-    assert injected[routing.OFFSET_COMMIT] >= 1 or injected[routing.OFFSET_FETCH] >= 1, "no coordinator answer was given an unknown tag"
-    assert injected[routing.PRODUCE] >= 1 and injected[routing.FETCH] >= 1, injected
+    assert injected[apis.OFFSET_COMMIT] >= 1 or injected[apis.OFFSET_FETCH] >= 1, "no coordinator answer was given an unknown tag"
+    assert injected[apis.PRODUCE] >= 1 and injected[apis.FETCH] >= 1, injected
     assert flow.reports.failed == {}
     assert sorted(flow.reports.ok) == list(range(flow.sent))
     assert sorted(int(v) for _, _, _, v in flow.consumed) == list(range(flow.sent)), "records lost or consumed twice"
@@ -668,7 +668,7 @@ def test_refresh_through_bad_metadata_keeps_the_last_good_topology(plane: Env, m
         s.set_mode(mode, client_ids={KFAN_CLIENT_ID})
     wait_for(
         "kfan to refresh its topology through a bad broker",
-        lambda: sum(s.injected(mode, routing.METADATA) for s in stand_ins) >= 1 or not k.alive(),
+        lambda: sum(s.injected(mode, apis.METADATA) for s in stand_ins) >= 1 or not k.alive(),
         timeout=GOOD_METADATA_SEEN_TIMEOUT,
     )
     time.sleep(2.5)  # two more refresh periods, all through bad brokers
@@ -705,7 +705,7 @@ def test_refresh_through_bad_metadata_keeps_the_last_good_topology(plane: Env, m
         except (ConnectionResetError, BrokenPipeError):
             answer = None
         if answer is not None:
-            body = decode(routing.METADATA, 12, answer)
+            body = decode(apis.METADATA, 12, answer)
             assert [(b["host"], b["port"]) for b in body["brokers"]] == [k.address], body["brokers"]
     with KfanClient(k) as client:
         assert produce(client, topic, ALL, "clients-spoiled", acked) == dict.fromkeys(ALL, 0)
@@ -713,10 +713,10 @@ def test_refresh_through_bad_metadata_keeps_the_last_good_topology(plane: Env, m
     # Good answers again: kfan refreshes from them and keeps serving.
     for s in stand_ins:
         s.passthrough()
-    passed_before = sum(s.passed(routing.METADATA, KFAN_CLIENT_ID) for s in stand_ins)
+    passed_before = sum(s.passed(apis.METADATA, KFAN_CLIENT_ID) for s in stand_ins)
     wait_for(
         "a good refresh",
-        lambda: sum(s.passed(routing.METADATA, KFAN_CLIENT_ID) for s in stand_ins) > passed_before or not k.alive(),
+        lambda: sum(s.passed(apis.METADATA, KFAN_CLIENT_ID) for s in stand_ins) > passed_before or not k.alive(),
         timeout=GOOD_METADATA_SEEN_TIMEOUT,
     )
     with KfanClient(k) as client:

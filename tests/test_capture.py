@@ -28,7 +28,7 @@ from backends.mock import MockCluster
 from backends.topology import Topology
 from proxy.capture import COLUMNS, read_capture
 from proxy.core import Context, Identity, plan_request, request_head
-from proxy.headers import parse_request_header
+from proxy.kafka.headers import parse_request_header
 from proxy.replay import check_exchange
 from tests.support.kfan import start_kfan
 from tests.support.kio_oracle import kio_decode
@@ -91,7 +91,7 @@ def test_capture_rows_decode_and_match_the_core(cluster: MockCluster, topic: str
             assert r["api_key"] == 0
         else:
             resp_cls = load_response_schema(hdr.api_key, hdr.api_version)
-            from proxy.headers import response_body_offset
+            from proxy.kafka.headers import response_body_offset
 
             assert int.from_bytes(r["response"][:4], "big", signed=True) == r["correlation_id"]
             kio_decode(resp_cls, r["response"], response_body_offset(r["response"], hdr.api_key, hdr.api_version))

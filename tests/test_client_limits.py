@@ -18,7 +18,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from backends.mock import MockCluster
-from proxy import errors, routing
+from proxy.kafka import apis, errors
 from tests.support.kfan import Kfan, start_kfan
 from tests.support.messages import request_bytes
 from tests.support.rawclient import RawClient
@@ -64,7 +64,7 @@ def framed(payload: bytes) -> bytes:
 
 def metadata_call(k: Kfan) -> None:
     with RawClient(k.address) as c:
-        c.send_bytes(framed(request_bytes(routing.METADATA, 12, {"topics": None}, correlation_id=5)))
+        c.send_bytes(framed(request_bytes(apis.METADATA, 12, {"topics": None}, correlation_id=5)))
         assert c.receive() is not None
 
 
@@ -79,7 +79,7 @@ def long_poll_fetch(topic: str, max_wait_ms: int) -> bytes:
         "topics": [{"topic": topic, "partitions": partitions}],
     }
     body |= {"isolation_level": 0, "session_id": 0, "session_epoch": -1, "forgotten_topics_data": [], "rack_id": ""}
-    return framed(request_bytes(routing.FETCH, 12, body, correlation_id=9))
+    return framed(request_bytes(apis.FETCH, 12, body, correlation_id=9))
 
 
 def closed_by_peer(sock: socket.socket, timeout: float) -> bool:
@@ -175,7 +175,7 @@ def test_heavy_partial_frames_do_not_grow_kfan_past_its_memory_cap(cluster: Mock
 def test_idle_connections_are_closed_but_not_while_a_request_is_in_flight(cluster: MockCluster, topic: str) -> None:
     with kfan_with(cluster, "--idle-timeout", "2") as k:
         idle = RawClient(k.address)
-        idle.send_bytes(framed(request_bytes(routing.METADATA, 12, {"topics": None}, correlation_id=5)))
+        idle.send_bytes(framed(request_bytes(apis.METADATA, 12, {"topics": None}, correlation_id=5)))
         assert idle.receive() is not None
         waiting = RawClient(k.address, timeout=20)
         started = time.monotonic()
@@ -204,7 +204,7 @@ def test_connections_past_the_cap_are_closed_as_they_arrive(cluster: MockCluster
     with kfan_with(cluster, "--max-connections", "3") as k:
         held = [RawClient(k.address) for _ in range(3)]
         for c in held:
-            c.send_bytes(framed(request_bytes(routing.METADATA, 12, {"topics": None}, correlation_id=5)))
+            c.send_bytes(framed(request_bytes(apis.METADATA, 12, {"topics": None}, correlation_id=5)))
             assert c.receive() is not None
         with RawClient(k.address) as extra:
             assert extra.closed_by_peer(3), "a connection past --max-connections was served"
@@ -226,6 +226,6 @@ def test_heartbeat_with_an_empty_group_id_is_answered_and_kfan_lives(kfan: Kfan)
         correlation_id, error_code = struct.unpack_from(">ih", answer)
         assert correlation_id == 1
         assert error_code in (errors.NOT_COORDINATOR, errors.COORDINATOR_NOT_AVAILABLE)
-        bystander.send_bytes(framed(request_bytes(routing.METADATA, 12, {"topics": None}, correlation_id=5)))
+        bystander.send_bytes(framed(request_bytes(apis.METADATA, 12, {"topics": None}, correlation_id=5)))
         assert bystander.receive() is not None
     assert kfan.alive()

@@ -9,8 +9,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from kio.index import load_request_schema, load_response_schema
 
-from proxy import schema
-from proxy.wire import Malformed, Reader
+from proxy.kafka import schema
+from proxy.kafka.wire import Malformed, Reader
 from tests.support.kio_oracle import kio_encode
 
 ALL = [(k, v) for k in sorted(schema.API_NAMES) if (vr := schema.known_versions(k)) for v in vr]

@@ -23,7 +23,7 @@ import trio
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Producer, TopicPartition
 
 from backends.mock import MockCluster
-from proxy import errors, routing
+from proxy.kafka import apis, errors
 from tests.support.flows import PARTITIONS, Flow, Reports, Row, check_in_order, wait_for
 from tests.support.kfan import Kfan, start_kfan
 from tests.support.metrics import http_get, metrics_port_in, parse_samples
@@ -483,10 +483,10 @@ def test_start_with_two_of_three_brokers_down() -> None:
 def test_failed_broker_codes_are_ones_clients_retry() -> None:
     from proxy.core import broker_failure_code
 
-    assert broker_failure_code(routing.PRODUCE, written=True) == errors.REQUEST_TIMED_OUT  # maybe written
-    assert broker_failure_code(routing.PRODUCE, written=False) == errors.NOT_LEADER_OR_FOLLOWER  # not written
-    assert broker_failure_code(routing.FETCH, written=True) == broker_failure_code(routing.FETCH, written=False) == 6
-    assert broker_failure_code(routing.DELETE_RECORDS, written=True) == errors.NETWORK_EXCEPTION
+    assert broker_failure_code(apis.PRODUCE, written=True) == errors.REQUEST_TIMED_OUT  # maybe written
+    assert broker_failure_code(apis.PRODUCE, written=False) == errors.NOT_LEADER_OR_FOLLOWER  # not written
+    assert broker_failure_code(apis.FETCH, written=True) == broker_failure_code(apis.FETCH, written=False) == 6
+    assert broker_failure_code(apis.DELETE_RECORDS, written=True) == errors.NETWORK_EXCEPTION
 
 
 def test_metadata_reports_a_partition_whose_leader_is_down_as_leaderless() -> None:
@@ -496,7 +496,7 @@ def test_metadata_reports_a_partition_whose_leader_is_down_as_leaderless() -> No
 
     from backends.topology import Topology
     from proxy.core import ANY, Context, Identity, plan_request
-    from proxy.headers import response_header
+    from proxy.kafka.headers import response_header
     from tests.support.kio_oracle import kio_decode, kio_encode, request_payload
 
     def partition(index: int, leader: int, error: ErrorCode = ErrorCode.none) -> MetadataResponsePartition:
@@ -518,12 +518,12 @@ def test_metadata_reports_a_partition_whose_leader_is_down_as_leaderless() -> No
             ),
         ),
     )
-    ctx = Context(Identity(7, "kfan", 9092), Topology(), {routing.METADATA: (0, 12)})
+    ctx = Context(Identity(7, "kfan", 9092), Topology(), {apis.METADATA: (0, 12)})
     plan = plan_request(
         ctx, request_payload(MetadataRequest(topics=None, allow_auto_topic_creation=False, include_topic_authorized_operations=False))
     )
     assert plan.merge is not None
-    outcome = plan.merge({ANY: response_header(routing.METADATA, 12, 1) + kio_encode(answer)})
+    outcome = plan.merge({ANY: response_header(apis.METADATA, 12, 1) + kio_encode(answer)})
     out = kio_decode(MetadataResponse, b"".join(bytes(p) for p in outcome.body))
     got = [(p.partition_index, p.leader_id, p.error_code) for p in out.topics[0].partitions]
     assert got == [
@@ -542,7 +542,7 @@ def test_requests_kfan_answers_alone_count_their_errors() -> None:
 
     topology = Topology(brokers={1: Broker(1, "b1", 9001)}, leaders={"t": {0: 1, 1: 2, 2: 2}})
     assert topology.absent_leaders() == {2: 2}
-    ctx = Context(Identity(7, "kfan", 9092), topology, {routing.PRODUCE: (0, 9)})
+    ctx = Context(Identity(7, "kfan", 9092), topology, {apis.PRODUCE: (0, 9)})
     plan = plan_request(ctx, request_payload(produce_request("t", [1, 2], acks=-1)))
     assert plan.reply is not None and not plan.subs, "nothing routable: kfan answers alone"
     assert plan.reply_errors == {(errors.NOT_LEADER_OR_FOLLOWER, -1): 2}
@@ -563,7 +563,7 @@ def test_a_request_that_never_left_kfan_is_not_written() -> None:
         async with trio.open_nursery() as nursery:
             (listener,) = await nursery.start(functools.partial(trio.serve_tcp, hang_up, 0, host="127.0.0.1"))
             port = listener.socket.getsockname()[1]
-            sub = SubRequest(routing.API_VERSIONS, 0, [b"\x00\x00"], True)
+            sub = SubRequest(apis.API_VERSIONS, 0, [b"\x00\x00"], True)
             outcomes = []
             for address in (("127.0.0.1", port), ("127.0.0.1", free_port())):  # the second refuses
                 link = Link(1, *address)

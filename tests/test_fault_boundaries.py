@@ -25,11 +25,12 @@ import trio
 
 from backends.cluster import Cluster, CoordinatorError, read_api_versions, read_coordinator, read_metadata
 from backends.topology import Broker, Topology
-from proxy import errors, routing, schema
+from proxy import routing
 from proxy.core import Context, Coordinator, Identity, answer_marks, fetch_satisfied, plan_request
-from proxy.frames import FrameReader, frame
-from proxy.headers import parse_request_header, response_header
-from proxy.wire import Malformed
+from proxy.kafka import apis, errors, schema
+from proxy.kafka.frames import FrameReader, frame
+from proxy.kafka.headers import parse_request_header, response_header
+from proxy.kafka.wire import Malformed
 from tests.support.messages import answer_bytes, request_bytes
 
 IDENTITY = Identity(node_id=42, host="kfan.example", port=19092)
@@ -66,7 +67,7 @@ def test_unknown_tagged_field_in_a_coordinators_answer_reaches_the_client() -> N
 
 def _fetch_plan() -> tuple[Any, bytes]:
     request = request_bytes(
-        routing.FETCH,
+        apis.FETCH,
         12,
         {
             "max_wait": 500,
@@ -81,9 +82,9 @@ def _fetch_plan() -> tuple[Any, bytes]:
 
 
 def _fetchanswer_bytes(partition: int, records: bytes) -> bytes:
-    part = schema.response_spec(routing.FETCH, 12).field("responses").struct.field("partitions").struct  # type: ignore[union-attr]
+    part = schema.response_spec(apis.FETCH, 12).field("responses").struct.field("partitions").struct  # type: ignore[union-attr]
     entry = {**part.blank(), "partition_index": partition, "error_code": 0, "high_watermark": 10, "records": records}  # type: ignore[union-attr]
-    return answer_bytes(routing.FETCH, 12, {"responses": [{"topic": "t", "partitions": [entry]}]})
+    return answer_bytes(apis.FETCH, 12, {"responses": [{"topic": "t", "partitions": [entry]}]})
 
 
 @pytest.mark.parametrize("garbage", [b"\x00\x00\x00\x00\xff\xff\xff", b"\x00\x00", b"", bytes(range(256)) * 3])
@@ -95,7 +96,7 @@ def test_an_undecodable_fetch_answer_fails_only_its_brokers_partitions(garbage: 
     assert fetch_satisfied(plan.header, {2: garbage}, 1), "an undecodable answer is a failure to report at once"
     assert answer_marks(plan.header, garbage) == {}
     outcome = plan.merge(answers, {})
-    body = schema.decode_body(schema.response_spec(routing.FETCH, 12), b"".join(bytes(p) for p in outcome.body))
+    body = schema.decode_body(schema.response_spec(apis.FETCH, 12), b"".join(bytes(p) for p in outcome.body))
     parts = {p["partition_index"]: p for t in body["responses"] for p in t["partitions"]}
     assert [p for p in parts] == [0, 1, 2]
     assert bytes(parts[0]["records"]) == b"x" * 70 and parts[0]["error_code"] == 0
@@ -108,34 +109,34 @@ def test_an_undecodable_fetch_answer_fails_only_its_brokers_partitions(garbage: 
 def test_an_undecodable_produce_answer_is_maybe_written() -> None:
     batch = b"\x00" * 61
     request = request_bytes(
-        routing.PRODUCE,
+        apis.PRODUCE,
         9,
         {"acks": -1, "timeout": 1000, "topic_data": [{"name": "t", "partition_data": [{"index": p, "records": batch} for p in range(3)]}]},
     )
     plan = plan_request(_context(), request)
     outcome = plan.merge({1: b"\x00\x00\x00\x00", 2: b"\x00\x00\x00\x00", 3: b"\x00\x00\x00\x00"})
-    body = schema.decode_body(schema.response_spec(routing.PRODUCE, 9), b"".join(bytes(p) for p in outcome.body))
+    body = schema.decode_body(schema.response_spec(apis.PRODUCE, 9), b"".join(bytes(p) for p in outcome.body))
     codes = [p["error_code"] for t in body["responses"] for p in t["partition_responses"]]
     # It may have been written: REQUEST_TIMED_OUT, which clients retry (never "success").
     assert codes == [errors.REQUEST_TIMED_OUT] * 3
 
 
 def test_undecodable_answers_in_batched_and_every_broker_merges() -> None:
-    describe = request_bytes(routing.DESCRIBE_GROUPS, 5, {"groups": ["a", "b"]})
+    describe = request_bytes(apis.DESCRIBE_GROUPS, 5, {"groups": ["a", "b"]})
     known = {Coordinator(0, "a"): 1, Coordinator(0, "b"): 2}
     plan = plan_request(Context(IDENTITY, _context().topology, ALL_VERSIONS, known.get, coordinators_looked_up=True), describe)
     assert set(plan.subs) == {1, 2}
     outcome = plan.merge({1: b"\x00\x00\x00\x00\x00\xff", 2: b"junk"})
-    body = schema.decode_body(schema.response_spec(routing.DESCRIBE_GROUPS, 5), b"".join(bytes(p) for p in outcome.body))
+    body = schema.decode_body(schema.response_spec(apis.DESCRIBE_GROUPS, 5), b"".join(bytes(p) for p in outcome.body))
     assert [(g["group_id"], g["error_code"]) for g in body["groups"]] == [("a", errors.NOT_COORDINATOR), ("b", errors.NOT_COORDINATOR)]
     assert outcome.moved == {Coordinator(0, "a"), Coordinator(0, "b")}
 
-    list_groups = request_bytes(routing.LIST_GROUPS, 4, {"states_filter": []})
+    list_groups = request_bytes(apis.LIST_GROUPS, 4, {"states_filter": []})
     plan = plan_request(_context(), list_groups)
-    group = schema.response_spec(routing.LIST_GROUPS, 4).field("groups").struct.blank()  # type: ignore[union-attr]
-    good = answer_bytes(routing.LIST_GROUPS, 4, {"error_code": 0, "groups": [{**group, "group_id": "g1", "protocol_type": "consumer"}]})
+    group = schema.response_spec(apis.LIST_GROUPS, 4).field("groups").struct.blank()  # type: ignore[union-attr]
+    good = answer_bytes(apis.LIST_GROUPS, 4, {"error_code": 0, "groups": [{**group, "group_id": "g1", "protocol_type": "consumer"}]})
     outcome = plan.merge({1: good, 2: b"\x00\x00\x00\x00\x00\x01", 3: good})
-    body = schema.decode_body(schema.response_spec(routing.LIST_GROUPS, 4), b"".join(bytes(p) for p in outcome.body))
+    body = schema.decode_body(schema.response_spec(apis.LIST_GROUPS, 4), b"".join(bytes(p) for p in outcome.body))
     assert body["error_code"] == errors.COORDINATOR_NOT_AVAILABLE
     assert [g["group_id"] for g in body["groups"]] == ["g1", "g1"]
 
@@ -143,7 +144,7 @@ def test_undecodable_answers_in_batched_and_every_broker_merges() -> None:
 def test_describe_groups_of_16000_groups_is_planned_by_broker_in_linear_time() -> None:
     def plan_both_passes(n: int) -> None:
         groups = [f"group-{i}" for i in range(n)]
-        request = request_bytes(routing.DESCRIBE_GROUPS, 5, {"groups": groups})
+        request = request_bytes(apis.DESCRIBE_GROUPS, 5, {"groups": groups})
         coordinators = {Coordinator(0, g): 1 + i % 3 for i, g in enumerate(groups)}
         known = Context(IDENTITY, _context().topology, ALL_VERSIONS, coordinators.get, coordinators_looked_up=True)
         first = plan_request(_context(), request)  # nothing known yet: one bulk lookup asked for
@@ -174,9 +175,7 @@ def test_describe_groups_of_16000_groups_is_planned_by_broker_in_linear_time() -
 def test_a_frame_of_a_million_empty_topics_is_refused_before_it_balloons() -> None:
     # ~3 MB on the wire; decoded in full it took 480 MiB. Now refused at the
     # decode allowance (32 times the frame), before most of it is built.
-    request = request_bytes(
-        routing.PRODUCE, 9, {"acks": 1, "timeout": 1000, "topic_data": [{"name": "", "partition_data": []}] * 1_000_000}
-    )
+    request = request_bytes(apis.PRODUCE, 9, {"acks": 1, "timeout": 1000, "topic_data": [{"name": "", "partition_data": []}] * 1_000_000})
     tracemalloc.start()
     try:
         with pytest.raises(Malformed, match="decoded form"):
@@ -189,7 +188,7 @@ def test_a_frame_of_a_million_empty_topics_is_refused_before_it_balloons() -> No
 
 def test_honest_requests_fit_their_decode_allowance_and_report_their_cost() -> None:
     fetch = request_bytes(
-        routing.FETCH,
+        apis.FETCH,
         12,
         {
             "max_bytes": 1 << 20,
@@ -220,11 +219,11 @@ def test_control_plane_readers_raise_only_malformed() -> None:
                 reader(payload)
     # A v4 answer that does not name the key asked for (it named none).
     with pytest.raises(Malformed, match="does not name"):
-        read_coordinator(answer_bytes(routing.FIND_COORDINATOR, 4, {"coordinators": []}), 4, 0, "g")
+        read_coordinator(answer_bytes(apis.FIND_COORDINATOR, 4, {"coordinators": []}), 4, 0, "g")
     # Broker entries kfan could not connect to are left out.
-    broker = schema.response_spec(routing.METADATA, 12).field("brokers").struct.blank()  # type: ignore[union-attr]
+    broker = schema.response_spec(apis.METADATA, 12).field("brokers").struct.blank()  # type: ignore[union-attr]
     answer = answer_bytes(
-        routing.METADATA,
+        apis.METADATA,
         12,
         {"brokers": [{**broker, "node_id": 1, "host": "", "port": 9}, {**broker, "node_id": 2, "host": "h", "port": 9}], "topics": []},
     )
@@ -247,20 +246,20 @@ class ScriptedBroker:
         self.node_id = 1
         self.advertise_port: int | None = None
         self.handlers: dict[int, Callable[[int, dict[str, Any]], bytes | None]] = {
-            routing.API_VERSIONS: self.api_versions,
-            routing.METADATA: self.metadata,
-            routing.FIND_COORDINATOR: self.find_coordinator,
+            apis.API_VERSIONS: self.api_versions,
+            apis.METADATA: self.metadata,
+            apis.FIND_COORDINATOR: self.find_coordinator,
         }
         self.metadata_mode = "good"
         self.requests: list[int] = []
 
     def api_versions(self, version: int, request: dict[str, Any]) -> bytes:
-        spec = schema.response_spec(routing.API_VERSIONS, version)
+        spec = schema.response_spec(apis.API_VERSIONS, version)
         keys = [{"api_key": k, "min_version": 0, "max_version": v} for k, v in ((3, 12), (10, 4), (18, 3))]
         return b"".join(schema.encode_body(spec, {**spec.blank(), "error_code": 0, "api_keys": keys}))
 
     def metadata(self, version: int, request: dict[str, Any]) -> bytes | None:
-        spec = schema.response_spec(routing.METADATA, version)
+        spec = schema.response_spec(apis.METADATA, version)
         if self.metadata_mode == "garbage":
             return b"\x00\x00\x00\x07\xff\xff\xff\xff"
         if self.metadata_mode == "silent":
@@ -393,7 +392,7 @@ async def test_an_undecodable_coordinator_answer_is_a_coordinator_error() -> Non
         with pytest.raises(CoordinatorError) as e:
             await cluster.coordinator(Coordinator(0, ""))
         assert e.value.code == errors.COORDINATOR_NOT_AVAILABLE
-        assert broker.requests.count(routing.FIND_COORDINATOR) == 5, "retried, then given up"
+        assert broker.requests.count(apis.FIND_COORDINATOR) == 5, "retried, then given up"
         nursery.cancel_scope.cancel()
 
 

@@ -18,11 +18,11 @@ import pytest
 from kio.index import load_request_schema, load_response_schema
 
 from backends.topology import Topology
-from proxy import errors, routing, schema
 from proxy.core import BrokerUnavailable, Unsupported, answer_marks, fetch_satisfied
-from proxy.frames import FrameReader
-from proxy.headers import parse_request_header, response_body_offset
-from proxy.wire import Malformed
+from proxy.kafka import apis, errors, schema
+from proxy.kafka.frames import FrameReader
+from proxy.kafka.headers import parse_request_header, response_body_offset
+from proxy.kafka.wire import Malformed
 from tests.fuzz import broker_answers, client_frames, mutate
 from tests.fuzz.harness import Broken, Tally, check
 from tests.support.kio_oracle import kio_decode
@@ -127,19 +127,19 @@ def test_frame_reader_refuses_sizes_out_of_bounds_before_buffering(size: int) ->
 # linear (the planner once rescanned every entry per group: 16,000 groups in a
 # DescribeGroups took ~15 s of CPU).
 HUGE = [
-    routing.DESCRIBE_GROUPS,
-    routing.DELETE_GROUPS,
-    routing.OFFSET_FETCH,
-    routing.CONSUMER_GROUP_DESCRIBE,
-    routing.DESCRIBE_TRANSACTIONS,
-    routing.ADD_PARTITIONS_TO_TXN,
-    routing.FETCH,
-    routing.PRODUCE,
-    routing.METADATA,
+    apis.DESCRIBE_GROUPS,
+    apis.DELETE_GROUPS,
+    apis.OFFSET_FETCH,
+    apis.CONSUMER_GROUP_DESCRIBE,
+    apis.DESCRIBE_TRANSACTIONS,
+    apis.ADD_PARTITIONS_TO_TXN,
+    apis.FETCH,
+    apis.PRODUCE,
+    apis.METADATA,
 ]
 
 
-@pytest.mark.parametrize("api_key", HUGE, ids=[routing.api_name(k) for k in HUGE])
+@pytest.mark.parametrize("api_key", HUGE, ids=[apis.api_name(k) for k in HUGE])
 def test_huge_requests_plan_and_merge_in_linear_time(api_key: int) -> None:
     version = mutate.API_VERSIONS[api_key][1]
     request = mutate.large_request(api_key, version)
@@ -226,7 +226,7 @@ def test_broker_answers_regressions(name: str) -> None:
     ok, outcome = check(
         tally, "merge", 0, lambda: {"request": request_hex}, broker_answers.MERGE_ALLOWED, lambda: broker_answers.merge(plan, answers, {})
     )
-    if plan.header.api_key == routing.FETCH:
+    if plan.header.api_key == apis.FETCH:
         check(tally, "fetch_satisfied", 0, dict, (), lambda: fetch_satisfied(plan.header, answers, 1))
         for a in answers.values():
             check(tally, "answer_marks", 0, dict, (), lambda a=a: answer_marks(plan.header, a))  # type: ignore[misc]

@@ -269,7 +269,7 @@ def test_tcpdump_of_direct_traffic_imports_and_replays_cleanly(captured: Capture
 
 def test_double_prefix_is_told_from_a_correlation_id_equal_to_the_length() -> None:
     """A 10-byte Heartbeat v3 answer to correlation id 6 starts with 6 = its length - 4: not a double prefix."""
-    from proxy.frames import frame
+    from proxy.kafka.frames import frame
     from proxy.replay import _double_prefix
 
     answer = struct.pack(">iih", 6, 0, 0)
@@ -286,7 +286,7 @@ def test_live_replay_refuses_an_answer_whose_size_is_out_of_bounds() -> None:
     import socket
     import threading
 
-    from proxy import routing
+    from proxy.kafka import apis
     from proxy.live import replay_live
     from tests.support.messages import request_bytes
 
@@ -303,10 +303,10 @@ def test_live_replay_refuses_an_answer_whose_size_is_out_of_bounds() -> None:
     row = {
         "conn_id": "c1",
         "ts_start": 0,
-        "api_key": routing.METADATA,
+        "api_key": apis.METADATA,
         "api_version": 12,
         "correlation_id": 5,
-        "request": request_bytes(routing.METADATA, 12, {"topics": None}, correlation_id=5),
+        "request": request_bytes(apis.METADATA, 12, {"topics": None}, correlation_id=5),
         "response": b"\x00\x00\x00\x05\x00",
     }
     started = time.monotonic()

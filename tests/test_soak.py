@@ -25,7 +25,7 @@ from collections import defaultdict
 
 from confluent_kafka import Consumer, Producer
 
-from proxy import routing
+from proxy.kafka import apis
 from tests.fuzz.mutate import mutate, valid_requests
 from tests.support import mock_process
 from tests.support.badbroker import BadBroker
@@ -115,7 +115,7 @@ def test_hostile_traffic_and_a_babbling_broker_cost_the_good_clients_nothing() -
         # producer's retries (it appends a resent batch again), so a garbled Produce
         # answer duplicates records there whatever the proxy does. test_broker_faults
         # pins what kfan answers for garbled Produce answers.
-        bad.set_mode("garbage", api_keys={routing.FETCH, routing.LIST_OFFSETS, routing.METADATA}, probability=0.2, seed=1)
+        bad.set_mode("garbage", api_keys={apis.FETCH, apis.LIST_OFFSETS, apis.METADATA}, probability=0.2, seed=1)
         valid = valid_requests()
         sent = [0] * HOSTILE_CONNECTIONS
         attackers = [

@@ -21,20 +21,20 @@ from hypothesis import strategies as st
 from kio.index import load_request_schema, load_response_schema
 
 from backends.topology import Topology
-from proxy import errors, routing, schema
 from proxy.core import ANY, Context, layouts, plan_request, request_head
-from proxy.frames import FrameReader, frame
-from proxy.headers import parse_request_header, response_header
+from proxy.kafka import apis, errors, schema
+from proxy.kafka.frames import FrameReader, frame
+from proxy.kafka.headers import parse_request_header, response_header
 from tests.support.core_inputs import ALL_VERSIONS, BROKERS, IDENTITY
 from tests.support.kio_oracle import kio_decode, kio_encode, request_payload
 
 PARTITIONED = [
-    routing.PRODUCE,
-    routing.FETCH,
-    routing.LIST_OFFSETS,
-    routing.OFFSET_FOR_LEADER_EPOCH,
-    routing.DELETE_RECORDS,
-    routing.DESCRIBE_PRODUCERS,
+    apis.PRODUCE,
+    apis.FETCH,
+    apis.LIST_OFFSETS,
+    apis.OFFSET_FOR_LEADER_EPOCH,
+    apis.DELETE_RECORDS,
+    apis.DESCRIBE_PRODUCERS,
 ]
 # Per API, the response partition field that carries the leader's own answer.
 MARKER = {0: "base_offset", 1: "high_watermark", 2: "offset", 23: "end_offset", 21: "low_watermark", 61: "active_producers"}
@@ -45,7 +45,7 @@ def _marker(broker: int, partition: int) -> int:
 
 
 def _set_marker(api_key: int, version: int, entry: dict[str, Any], value: int) -> None:
-    if api_key == routing.DESCRIBE_PRODUCERS:
+    if api_key == apis.DESCRIBE_PRODUCERS:
         producer = schema.response_spec(api_key, version).field("topics").struct.field("partitions").struct.field("active_producers").struct  # type: ignore[union-attr]
         entry["active_producers"] = [{**producer.blank(), "producer_id": value}]  # type: ignore[union-attr]
     else:
@@ -53,7 +53,7 @@ def _set_marker(api_key: int, version: int, entry: dict[str, Any], value: int) -
 
 
 def _get_marker(api_key: int, entry: dict[str, Any]) -> int:
-    if api_key == routing.DESCRIBE_PRODUCERS:
+    if api_key == apis.DESCRIBE_PRODUCERS:
         return entry["active_producers"][0]["producer_id"]
     return entry[MARKER[api_key]]
 
@@ -111,9 +111,9 @@ def test_split_then_merge_keeps_every_partition_once_in_client_order(api_key: in
     version = data.draw(st.integers(lo, hi), label="version")
     req_cls = load_request_schema(api_key, version)
     entity = data.draw(st.from_type(req_cls), label="request")
-    if api_key == routing.PRODUCE:
+    if api_key == apis.PRODUCE:
         entity = dataclasses.replace(entity, acks=data.draw(st.sampled_from([-1, 1])))
-    if api_key == routing.FETCH and hasattr(entity, "session_id"):
+    if api_key == apis.FETCH and hasattr(entity, "session_id"):
         entity = dataclasses.replace(entity, session_id=0, session_epoch=-1)
     request = schema.decode_body(schema.request_spec(api_key, version), kio_encode(entity))
     req_layout, resp_layout = layouts(api_key, version)
@@ -189,10 +189,10 @@ def test_split_then_merge_keeps_every_partition_once_in_client_order(api_key: in
 @settings(max_examples=100, suppress_health_check=list(HealthCheck), deadline=None)
 @given(data=st.data())
 def test_metadata_answers_name_only_kfan(data: st.DataObject) -> None:
-    lo, hi = ALL_VERSIONS[routing.METADATA]
+    lo, hi = ALL_VERSIONS[apis.METADATA]
     version = data.draw(st.integers(lo, hi))
-    req = data.draw(st.from_type(load_request_schema(routing.METADATA, version)))
-    resp = data.draw(st.from_type(load_response_schema(routing.METADATA, version)))
+    req = data.draw(st.from_type(load_request_schema(apis.METADATA, version)))
+    resp = data.draw(st.from_type(load_response_schema(apis.METADATA, version)))
     ctx = Context(IDENTITY, Topology(brokers=BROKERS), ALL_VERSIONS)
     plan = plan_request(ctx, request_payload(req))
     assert set(plan.subs) == {ANY}
@@ -289,7 +289,7 @@ def test_fetch_partitions_not_answered_yet_report_their_last_marks() -> None:
     plan = plan_request(Context(IDENTITY, topo, ALL_VERSIONS), request_payload(req, correlation_id=9))
     assert plan.fetch_partitions == {1: frozenset({("t", 0)}), 2: frozenset({("t", 1), ("t", 2)})}
     sub1 = schema.decode_body(schema.request_spec(1, 12), *_sub_payload(plan.subs[1]))
-    answer1 = _answer(routing.FETCH, 12, sub1, 1, 9)
+    answer1 = _answer(apis.FETCH, 12, sub1, 1, 9)
     assert plan.merge is not None
     outcome = plan.merge({1: answer1, 2: errors.NONE}, {("t", 1): (40, 38, 2), ("t", 0): (7, 7, 7)})
     resp = schema.decode_body(schema.response_spec(1, 12), b"".join(bytes(p) for p in outcome.body), 0)

@@ -32,7 +32,6 @@ from typing import Any
 from kio.index import load_response_schema
 
 from backends.topology import Topology
-from proxy import errors, routing, schema
 from proxy.core import (
     NO_ANSWER_YET,
     Answer,
@@ -45,8 +44,9 @@ from proxy.core import (
     answer_marks,
     fetch_satisfied,
 )
-from proxy.headers import response_header
-from proxy.wire import Malformed
+from proxy.kafka import apis, errors, schema
+from proxy.kafka.headers import response_header
+from proxy.kafka.wire import Malformed
 
 from .harness import HANG_SECONDS, Broken, Tally, api_label, check
 from .mutate import (
@@ -207,7 +207,7 @@ def run_case(rng: random.Random, corpus: list[bytes], tally: Tally, index: int, 
         tally.count(FOLD)
         metadata = outcome.metadata
         check(tally, FOLD, index, reproducer, (), lambda: fold(metadata), **limits)  # type: ignore[arg-type]
-    if hdr.api_key == routing.FETCH:
+    if hdr.api_key == apis.FETCH:
         min_bytes = plan.fetch_min_bytes or 0
         tally.count(SATISFIED, 1 + len(answers))
         check(tally, SATISFIED, index, reproducer, (), lambda: fetch_satisfied(hdr, answers, min_bytes), **limits)  # type: ignore[arg-type]
@@ -220,7 +220,7 @@ def run_case(rng: random.Random, corpus: list[bytes], tally: Tally, index: int, 
 # --- the control plane's decoders ------------------------------------------------------------
 
 DECODERS = ("read_api_versions", "read_metadata", "read_coordinator")
-_API = {"read_api_versions": routing.API_VERSIONS, "read_metadata": routing.METADATA, "read_coordinator": routing.FIND_COORDINATOR}
+_API = {"read_api_versions": apis.API_VERSIONS, "read_metadata": apis.METADATA, "read_coordinator": apis.FIND_COORDINATOR}
 
 
 def decoder(name: str) -> Callable[..., Any]:
@@ -240,9 +240,9 @@ def control_input(name: str, rng: random.Random) -> tuple[int, bytes, int, str]:
     assert versions is not None
     version = rng.choice(versions)
     key_type, key = rng.choice((0, 1)), rng.choice((*GROUPS, "tx1"))
-    request = {"coordinator_keys": [key]} if api_key == routing.FIND_COORDINATOR and version >= 4 else {}
+    request = {"coordinator_keys": [key]} if api_key == apis.FIND_COORDINATOR and version >= 4 else {}
     body = answer_body(api_key, version, request, rng)
-    if api_key == routing.METADATA and rng.random() < 0.7:
+    if api_key == apis.METADATA and rng.random() < 0.7:
         body["brokers"] = [{**b, "node_id": i} for i, b in enumerate(body["brokers"], 1)]
     valid = encode_answer(api_key, version, body)
     kind = rng.choices(KINDS[:-1], WEIGHTS[:-1])[0]

@@ -24,11 +24,11 @@ import random
 import struct
 from dataclasses import dataclass
 
-from proxy import schema
 from proxy.core import Plan, Unsupported, request_head
-from proxy.frames import FrameReader, frame
-from proxy.headers import parse_request_header, peek_request
-from proxy.wire import Malformed
+from proxy.kafka import schema
+from proxy.kafka.frames import FrameReader, frame
+from proxy.kafka.headers import parse_request_header, peek_request
+from proxy.kafka.wire import Malformed
 
 from .harness import HANG_SECONDS, Broken, Tally, api_label, check
 from .mutate import mutate, reshape_request, valid_requests

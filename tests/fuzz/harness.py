@@ -204,7 +204,7 @@ def api_label(payload: bytes | memoryview) -> str:
         return "(no header)"
     key, version = struct.unpack_from(">hh", payload)
     try:
-        from proxy.routing import api_name
+        from proxy.kafka.apis import api_name
 
         return f"{api_name(key)} v{version}"
     except Exception:

@@ -43,7 +43,7 @@ from typing import Any
 from kio.index import load_request_schema, load_response_schema
 
 from backends.topology import Broker, Topology
-from proxy import routing, schema
+from proxy import routing
 from proxy.core import (
     BATCHES,
     Context,
@@ -57,8 +57,9 @@ from proxy.core import (
     plan_request,
     request_head,
 )
-from proxy.headers import encode_request_header, parse_request_header, response_body_offset, response_header, response_header_flexible
-from proxy.wire import Writer
+from proxy.kafka import apis, schema
+from proxy.kafka.headers import encode_request_header, parse_request_header, response_body_offset, response_header, response_header_flexible
+from proxy.kafka.wire import Writer
 
 # --- the world the fuzzed requests live in -------------------------------------------
 
@@ -306,7 +307,7 @@ def large_request(api_key: int, version: int, n: int = LARGE) -> bytes:
 def _large_requests() -> tuple[bytes, ...]:
     out = []
     for api_key, (lo, hi) in sorted(API_VERSIONS.items()):
-        if api_key != routing.API_VERSIONS:
+        if api_key != apis.API_VERSIONS:
             out.extend(large_request(api_key, version) for version in sorted({lo, hi}))
     return tuple(out)
 
@@ -353,7 +354,7 @@ def answer_body(api_key: int, version: int, request: dict[str, Any], rng: random
             entry[batch.response_key] = e if batch.request_key is None else e[batch.request_key]
             entries.append(entry)
         body[batch.response_array] = entries
-    if api_key == routing.FIND_COORDINATOR and "coordinator_keys" in request and spec.has("coordinators"):
+    if api_key == apis.FIND_COORDINATOR and "coordinator_keys" in request and spec.has("coordinators"):
         coordinators = []
         for key in request["coordinator_keys"]:
             entry = _entry_like(cls, "coordinators", None, rng, lean)

@@ -57,8 +57,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from types import TracebackType
 
-from proxy import schema
-from proxy.headers import response_body_offset
+from proxy.kafka import schema
+from proxy.kafka.headers import response_body_offset
 
 __all__ = ["MODES", "BadBroker", "Request", "Rule"]
 

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from backends.topology import Broker
-from proxy import routing, schema
+from proxy import routing
 from proxy.core import Identity
+from proxy.kafka import schema
 
 IDENTITY = Identity(node_id=42, host="kfan.example", port=19092)
 BROKERS = {i: Broker(i, f"broker{i}.internal", 9000 + i) for i in (1, 2, 3)}

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from kio.serial import entity_reader, entity_writer
 from kio.static.primitive import Records
 
-from proxy.headers import encode_request_header
+from proxy.kafka.headers import encode_request_header
 
 # kio ships no strategy for record batches; opaque bytes are all kfan ever sees.
 st.register_type_strategy(Records, st.binary(max_size=700).map(Records))

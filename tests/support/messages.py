@@ -10,8 +10,8 @@ from __future__ import annotations
 import struct
 from typing import Any
 
-from proxy import schema
-from proxy.headers import request_header_tail, response_header
+from proxy.kafka import schema
+from proxy.kafka.headers import request_header_tail, response_header
 
 
 def request_bytes(api_key: int, version: int, body: dict[str, Any], correlation_id: int = 7, client_id: str = "c") -> bytes:

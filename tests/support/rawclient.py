@@ -13,7 +13,7 @@ from typing import Any
 
 from kio.index import load_response_from_request
 
-from proxy.headers import response_body_offset
+from proxy.kafka.headers import response_body_offset
 from tests.support.kio_oracle import kio_decode, request_payload
 
 
