@@ -24,13 +24,22 @@ from typing import Any
 import trio
 
 from proxy import metrics
-from proxy.core import Coordinator, SubRequest, advertised_versions
+from proxy.core import (
+    Coordinator,
+    Effect,
+    FoldMetadata,
+    ForgetCoordinators,
+    LearnCoordinators,
+    RefreshTopology,
+    SubRequest,
+    advertised_versions,
+)
+from proxy.core.topology import Topology
 from proxy.kafka import apis, errors, schema
-from proxy.kafka.headers import request_header_tail, response_body_offset
+from proxy.kafka.headers import decode_response, request_header_tail
 from proxy.kafka.wire import Malformed
 
 from .link import Link, LinkError
-from .topology import Topology
 
 log = logging.getLogger("kfan.cluster")
 
@@ -51,8 +60,7 @@ COORDINATOR_TTL = 300.0
 
 
 def _decode(api_key: int, version: int, payload: bytes | memoryview) -> dict[str, Any]:
-    spec = schema.response_spec(api_key, version)
-    return schema.decode_body(spec, payload, response_body_offset(payload, api_key, version), allow_trailing=True)
+    return decode_response(payload, api_key, version)
 
 
 def read_api_versions(payload: bytes | memoryview, version: int) -> dict[int, tuple[int, int]]:
@@ -316,6 +324,19 @@ class Cluster:
             await waiter.wait()
 
     # --- what connections ask -------------------------------------------------
+
+    def apply(self, effects: Iterable[Effect]) -> None:
+        """Do what a merge asked of the cluster (the connection's own effects are ignored)."""
+        for effect in effects:
+            if isinstance(effect, FoldMetadata):
+                self.fold_metadata(effect.metadata)
+            elif isinstance(effect, LearnCoordinators):
+                self.learn(effect.coordinators)
+            elif isinstance(effect, ForgetCoordinators):
+                for c in effect.coordinators:
+                    self.forget(c)
+            elif isinstance(effect, RefreshTopology):
+                self.request_refresh()
 
     def fold_metadata(self, metadata: Mapping[str, Any]) -> None:
         if metadata["brokers"]:  # an answer naming no broker would leave nothing to route to

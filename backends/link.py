@@ -4,8 +4,12 @@ Requests are submitted synchronously (:meth:`Link.submit`) and written in
 submission order by the link's sender task: per client connection, requests
 for one broker reach it in the client's order, which idempotent producers
 depend on. Each link numbers its requests with its own correlation ids and
-matches responses by them. A link that fails fails every request waiting on
-it and stays failed; its owner opens a new one on next use.
+matches responses by them (:class:`~backends.correlations.Correlations`). A
+link that fails fails every request waiting on it and stays failed; its owner
+opens a new one on next use.
+
+The link speaks over any :class:`trio.abc.Stream` its ``connect`` function
+returns: a TCP connection to the broker by default, an in-memory stream in tests.
 """
 
 from __future__ import annotations
@@ -13,17 +17,24 @@ from __future__ import annotations
 import logging
 import math
 import struct
+from collections.abc import Awaitable, Callable
+from functools import partial
 
 import trio
 
 from proxy import metrics
-from proxy.core import SubRequest, request_head
+from proxy.core import SubRequest
 from proxy.kafka.frames import DEFAULT_MAX_FRAME_BYTES, MIN_RESPONSE_FRAME, FrameReader, frame
-from proxy.kafka.headers import correlation_id_of
+from proxy.kafka.headers import correlation_id_of, request_head
 from proxy.kafka.wire import Malformed
+
+from .correlations import Correlations, UnknownCorrelationId
 
 log = logging.getLogger("kfan.link")
 _CID = struct.Struct(">i")
+
+Connect = Callable[[], Awaitable[trio.abc.Stream]]
+"""Opens the link's byte stream to its broker."""
 
 
 class LinkError(Exception):
@@ -72,22 +83,18 @@ class Link:
         connect_timeout: float = 10.0,
         max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
         keep_requests: bool = False,
+        connect: Connect | None = None,
     ) -> None:
+        """``connect`` opens the stream (within ``connect_timeout``); by default a TCP connection to ``host``:``port``."""
         self.broker_id = broker_id
         self.keep_requests = keep_requests
         self.address = (host, port)
         self.connect_timeout = connect_timeout
         self.max_frame_bytes = max_frame_bytes
         self.failed: LinkError | None = None
+        self._connect: Connect = connect if connect is not None else partial(trio.open_tcp_stream, host, port)
         self._send, self._queue = trio.open_memory_channel[tuple[bytes, Pending]](math.inf)
-        self._waiting: dict[int, Pending] = {}
-        # Correlation ids of requests sent expecting no answer (acks=0 Produce).
-        # Real brokers never answer them; some (librdkafka's mock) do. An answer
-        # to a later request proves the earlier ones will never be answered.
-        self._unanswered: dict[int, int] = {}  # correlation id -> submission sequence
-        self._seq = 0
-        self._seq_of: dict[int, int] = {}
-        self._next_cid = 0
+        self._correlations: Correlations[Pending] = Correlations()
         self._cancel = trio.CancelScope()
 
     def __repr__(self) -> str:
@@ -100,17 +107,10 @@ class Link:
         if self.failed is not None:
             pending.set(self.failed)
             return pending
-        cid = self._next_cid
-        self._next_cid = (cid + 1) & 0x7FFFFFFF
-        data = frame([request_head(sub), _CID.pack(cid), *sub.tail])
+        cid = self._correlations.add(pending if sub.expect_response else None)
+        data = frame([request_head(sub.api_key, sub.api_version), _CID.pack(cid), *sub.tail])
         if self.keep_requests:
             pending.request = data
-        self._seq += 1
-        if sub.expect_response:
-            self._waiting[cid] = pending
-            self._seq_of[cid] = self._seq
-        else:
-            self._unanswered[cid] = self._seq
         self._send.send_nowait((data, pending))
         return pending
 
@@ -123,7 +123,7 @@ class Link:
         with self._cancel:
             try:
                 with trio.fail_after(self.connect_timeout):
-                    stream = await trio.open_tcp_stream(*self.address)
+                    stream = await self._connect()
                 connected = metrics.BROKER_CONNECTIONS.labels(str(self.broker_id))
                 connected.inc()
                 try:
@@ -144,9 +144,8 @@ class Link:
     def _fail(self, reason: LinkError) -> None:
         self.failed = reason
         self._send.close()
-        for pending in self._waiting.values():
+        for pending in self._correlations.take_all():
             pending.set(reason)
-        self._waiting.clear()
         while True:
             try:
                 _, pending = self._queue.receive_nowait()
@@ -154,7 +153,7 @@ class Link:
                 break
             pending.set(reason)
 
-    async def _write(self, stream: trio.SocketStream) -> None:
+    async def _write(self, stream: trio.abc.Stream) -> None:
         sent = metrics.BYTES.labels("broker_out")
         async for data, pending in self._queue:
             pending.written = True
@@ -162,7 +161,7 @@ class Link:
             sent.inc(len(data))
             pending.sent.set()
 
-    async def _receive(self, stream: trio.SocketStream) -> None:
+    async def _receive(self, stream: trio.abc.Stream) -> None:
         reader = FrameReader(self.max_frame_bytes, MIN_RESPONSE_FRAME)
         received = metrics.BYTES.labels("broker_in")
         while True:
@@ -175,15 +174,12 @@ class Link:
                 reader.feed(data)
                 continue
             cid = correlation_id_of(payload)
-            pending = self._waiting.pop(cid, None)
-            if pending is None:
-                if self._unanswered.pop(cid, None) is not None:
-                    continue  # an answer nobody waits for (acks=0)
-                raise LinkError(f"broker {self.broker_id} answered unknown correlation id {cid}")
-            seq = self._seq_of.pop(cid)
-            if self._unanswered:
-                self._unanswered = {c: s for c, s in self._unanswered.items() if s > seq}
-            pending.set(payload)
+            try:
+                pending = self._correlations.answer(cid)
+            except UnknownCorrelationId:
+                raise LinkError(f"broker {self.broker_id} answered unknown correlation id {cid}") from None
+            if pending is not None:  # else an answer nobody waits for (acks=0)
+                pending.set(payload)
 
 
 def _leaf(e: BaseException) -> BaseException:

@@ -30,9 +30,9 @@ __all__ = ["COMPAT_CAPS", "MockCluster", "MockError", "find_librdkafka"]
 _RD_KAFKA_PRODUCER = 0
 _ERRSTR_SIZE = 512
 
-# Highest versions the 2.16 mock handles correctly (BACKENDS.md section 1): it
-# misparses JoinGroup v6, SyncGroup v4 and LeaveGroup v3, and Heartbeat is
-# capped with them as BACKENDS.md prescribes. Its ApiVersions reply to a v3+
+# Highest versions the 2.16 mock handles correctly: it misparses JoinGroup v6,
+# SyncGroup v4 and LeaveGroup v3, and Heartbeat is capped with them (a group
+# member must speak one generation of the group protocol across the four). Its ApiVersions reply to a v3+
 # request is malformed (the compact array count is off by one); 2.16 already
 # advertises ApiVersions 0-2, so that cap only guards builds that advertise more.
 COMPAT_CAPS: dict[int, int] = {

@@ -1,2 +1,13 @@
-"""kfan's client-facing side: the sans-IO core (frames, headers, codec, routing,
-split/merge/rewrite) and the trio layer that serves client connections."""
+"""kfan's client-facing side, in three layers that import one way:
+
+- :mod:`proxy.kafka`: Kafka's bytes (wire primitives, the codec compiled from
+  Kafka's schemas, frames, headers, API keys, error codes); stdlib and kio only.
+- :mod:`proxy.core`: the sans-IO core (the route table, one module per routing
+  policy, identity rewriting, the topology snapshot); imports only proxy.kafka.
+- the trio layer: :mod:`proxy.connection` (one client), :mod:`proxy.gather`,
+  :mod:`proxy.server`, :mod:`proxy.cli`, which use everything, including the
+  broker side in :mod:`backends`.
+
+:mod:`proxy.capture` (capture, pcap import, live replay) builds on the core
+and never on the connection layer. ``tests/test_layers.py`` pins the rule.
+"""

@@ -70,7 +70,6 @@ def build_parser() -> argparse.ArgumentParser:
         default="all",
         help="with --target: which recorded requests to send (read-only: metadata, fetches, offsets, describe and list requests)",
     )
-    r.add_argument("--break", dest="broken", default=None, help=argparse.SUPPRESS)  # tests only: a deliberately broken core
     cap = sub.add_parser("capture", help="capture files")
     cap_sub = cap.add_subparsers(dest="capture_command", required=True)
     imp = cap_sub.add_parser("import", help="turn a tcpdump of direct client-to-broker traffic into a capture")
@@ -91,17 +90,16 @@ def _replay(args: argparse.Namespace) -> int:
 
         argv = [args.capture, "--report", args.report]
         argv += ["--master", args.master] if args.master else []
-        argv += ["--break", args.broken] if args.broken else []
         status = spark_replay(argv)
     if args.target:
-        from .live import run
+        from .capture.live_replay import run
 
         status = max(status, run(Path(args.capture), args.target, args.apis))
     return status
 
 
 def _capture_import(args: argparse.Namespace) -> int:
-    from .pcap import import_pcap
+    from .capture.pcap import import_pcap
 
     try:
         n = import_pcap(Path(args.pcap), set(args.port), Path(args.out))

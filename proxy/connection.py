@@ -1,14 +1,14 @@
-"""One client connection: read frames, route, answer in order.
+"""One client connection: read frames, plan, send, gather, merge, answer in order.
 
-The reader task reads frames continuously, plans each request (pure core),
-resolves coordinators and submits sub-requests to this connection's links in
-the client's order, then hands the wait-and-merge to a task of its own: many
-requests are in flight at once. The writer task writes responses strictly in
-request order. acks=0 Produce requests hold a place in that order but write
-nothing. In-flight requests and held bytes (frames arriving, requests in
-flight with their decoded form, responses unwritten; see :mod:`.budget`) are
-bounded: when either is full the reader stops reading, and TCP pushes back on
-the client.
+The reader reads frames continuously, plans each request (the pure core,
+:func:`proxy.core.plan_request`), resolves coordinators and submits
+sub-requests to this connection's links in the client's order, then hands
+the wait-and-merge to a task of its own: many requests are in flight at once.
+The writer writes responses strictly in request order. acks=0 Produce
+requests hold a place in that order but write nothing. In-flight requests and
+held bytes (frames arriving, requests in flight with their decoded form,
+responses unwritten; see :mod:`.budget`) are bounded: when either is full the
+reader stops reading, and TCP pushes back on the client.
 
 Every wait has a deadline: a frame must arrive whole within ``frame_timeout``,
 an idle connection is closed after ``idle_timeout`` (Kafka's
@@ -16,56 +16,48 @@ connections.max.idle.ms), and a request may keep a broker no longer than its
 own fields allow, capped by ``max_hold``. A client's EOF or reset ends the
 connection at once, and with it every request in flight and every broker link.
 
-Links to brokers are opened lazily, per broker and per lane (Fetch long-polls
-get a lane of their own so they never stall other requests), and die with the
-connection's nursery. A failure while handling one request ends at most this
-connection (logged with the request's api key, version and correlation id,
-and counted); nothing escapes :meth:`ClientConnection.run`.
+A failure while handling one request ends at most this connection (logged
+with the request's api key, version and correlation id, and counted); nothing
+escapes :meth:`ClientConnection.run`. The stream is any ``trio.abc.Stream``
+and broker links open through ``connect_broker``, so the whole connection
+runs over memory streams in tests.
 """
 
 from __future__ import annotations
 
 import itertools
-import json
 import logging
 import math
 import os
 import time
-from collections.abc import Hashable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import trio
 
-from backends.cluster import Cluster, CoordinatorError
-from backends.link import Link, LinkError, Pending
-from backends.topology import Topology
+from backends.cluster import Cluster
+from backends.link import Pending
+from backends.links import BrokerConnect, LinkPool
 
-from . import metrics, routing
+from . import metrics
 from .budget import Budget, MemoryPool
 from .capture import Capture
+from .capture.rows import CaptureRow, topology_document
 from .core import (
-    ANY,
-    NO_ANSWER_YET,
-    Answer,
-    BrokerUnavailable,
+    BrokerAnswer,
     Context,
-    Coordinator,
+    Destination,
+    Forward,
     Identity,
-    Marks,
-    Outcome,
-    Plan,
-    Target,
+    LocalReply,
+    Response,
     Unsupported,
-    answer_marks,
-    broker_failure_code,
-    fetch_satisfied,
-    plan_request,
 )
-from .kafka import apis, errors
+from .core.topology import Topology
+from .forwarder import Forwarder, Handles
 from .kafka.frames import FrameReader, frame
 from .kafka.headers import RequestHeader, peek_request, response_header
 from .kafka.wire import Malformed, Parts
-from .partitioned import TopicPartition
 
 log = logging.getLogger("kfan.connection")
 _ids = itertools.count(1)
@@ -85,14 +77,6 @@ class Limits:
     max_connections: int = 10_000
 
 
-# How long an answered, unused sub-fetch may stand in for a new one: the
-# client's next Fetch normally follows at once; older data is fetched afresh.
-FETCH_AHEAD_TTL = 1.0
-# A broker's Fetch answer may lag its max_wait by the network; past this, kfan
-# answers the client without it.
-FETCH_GRACE = 0.02
-
-
 class _Close(Exception):
     """End this client connection (the reason is logged and counted where it is raised)."""
 
@@ -103,18 +87,18 @@ class _Close(Exception):
             metrics.CLIENT_CLOSES.labels(reason).inc()
 
 
-class _Slot:
+class ResponseSlot:
     """A place in the response order."""
 
     __slots__ = ("done", "parts", "close", "size", "started", "api_key", "captured")
 
-    def __init__(self, size: int) -> None:
+    def __init__(self, size: int, api_key: int) -> None:
         self.done = trio.Event()
         self.parts: Parts | None = None
         self.close: str | None = None  # end the connection here, for this reason
         self.size = size  # bytes held for it: the request's cost, then its response's too
         self.started = trio.current_time()
-        self.api_key = -1
+        self.api_key = api_key
         # When sampled: wall-clock ns at read, the request, and the topology its plan used
         # (not the one current when it is answered: a refresh in between may have moved leaders).
         self.captured: tuple[int, bytes, Topology] | None = None
@@ -123,12 +107,13 @@ class _Slot:
 class ClientConnection:
     def __init__(
         self,
-        stream: trio.SocketStream,
+        stream: trio.abc.Stream,
         cluster: Cluster,
         identity: Identity,
         limits: Limits,
         capture: Capture | None = None,
         pool: MemoryPool | None = None,
+        connect_broker: BrokerConnect | None = None,
     ) -> None:
         self.stream = stream
         self.capture = capture
@@ -136,27 +121,33 @@ class ClientConnection:
         self.identity = identity
         self.limits = limits
         self.id = next(_ids)
-        self._links: dict[tuple[int, str], Link] = {}
-        self._home: int | None = None
+        self._connect_broker = connect_broker
         self._pool = pool if pool is not None else MemoryPool(limits.max_buffered_bytes)
         self._budget = Budget(limits.max_connection_bytes, self._pool)
         self._partial = 0  # bytes of frames still arriving, counted in the pool
         self._last_active = trio.current_time()
         self._frame_started = 0.0
         self._inflight = 0
-        self._draining = False
+        self._draining = trio.Event()
         self._receiving: trio.CancelScope | None = None
-        # Per broker, the sub-fetch in flight (or just answered) that no client answer used yet.
-        self._fetch_ahead: dict[int, tuple[Hashable, Pending, float]] = {}
-        # Each partition's marks as its leader last reported them on this connection.
-        self._marks: dict[TopicPartition, Marks] = {}
 
     async def run(self) -> None:
         """Serve the client until it leaves or must go; never raises (but for cancellation)."""
         try:
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
-                send, receive = trio.open_memory_channel[_Slot](self.limits.max_inflight)
+                links = LinkPool(
+                    self.cluster,
+                    nursery,
+                    max_frame_bytes=self.limits.max_frame_bytes,
+                    keep_requests=self.capture is not None,
+                    connect=self._connect_broker,
+                )
+                limits = self.limits
+                self._forwarder = Forwarder(
+                    self.cluster, links, self.identity, request_timeout=limits.request_timeout, max_hold=limits.max_hold, client=self.id
+                )
+                send, receive = trio.open_memory_channel[ResponseSlot](self.limits.max_inflight)
                 nursery.start_soon(self._write, receive, nursery.cancel_scope)
                 async with send:
                     await self._read(send)
@@ -177,6 +168,12 @@ class ClientConnection:
             with trio.CancelScope(shield=True):
                 await trio.aclose_forcefully(self.stream)
 
+    def drain(self) -> None:
+        """Stop reading requests; answer those already read, then close (graceful shutdown)."""
+        self._draining.set()
+        if self._receiving is not None:
+            self._receiving.cancel()
+
     # --- reading -------------------------------------------------------------
 
     def _sync_partial(self, reader: FrameReader) -> None:
@@ -187,11 +184,9 @@ class ClientConnection:
         self._pool.add(held - self._partial)
         self._partial = held
 
-    async def _receive(self, reader: FrameReader) -> bytes | None:
+    async def _receive(self) -> bytes | None:
         """The client's next bytes (b"" at EOF), or None when draining; closes on a deadline."""
-        while True:
-            if self._draining:
-                return None
+        while not self._draining.is_set():
             if self._partial:
                 deadline = self._frame_started + self.limits.frame_timeout
             else:
@@ -202,9 +197,9 @@ class ClientConnection:
                 self._last_active = trio.current_time()
                 return data
             self._receiving = None
-            if self._draining:
-                return None
             now = trio.current_time()
+            if self._draining.is_set():
+                break
             if self._partial and now >= self._frame_started + self.limits.frame_timeout:
                 log.warning("client %s: a frame was not completed within %.0f s, closing", self.id, self.limits.frame_timeout)
                 raise _Close("frame_timeout")
@@ -213,8 +208,9 @@ class ClientConnection:
                 raise _Close("idle_timeout")
             # Requests in flight: the connection is not idle. Look again later.
             self._last_active = max(self._last_active, now - self.limits.idle_timeout / 2)
+        return None
 
-    async def _read(self, send: trio.MemorySendChannel[_Slot]) -> None:
+    async def _read(self, send: trio.MemorySendChannel[ResponseSlot]) -> None:
         reader = FrameReader(self.limits.max_frame_bytes)
         while True:
             try:
@@ -224,7 +220,7 @@ class ClientConnection:
                 raise _Close("malformed") from e
             self._sync_partial(reader)
             if payload is None:
-                data = await self._receive(reader)
+                data = await self._receive()
                 if data is None:
                     return  # draining: every complete request read is answered; no new ones
                 if not data:
@@ -238,147 +234,48 @@ class ClientConnection:
                 continue
             metrics.BYTES.labels("client_in").inc(len(payload) + 4)
             read_at = time.time_ns() if self.capture is not None and self.capture.sampled() else None
-            try:
-                plan = plan_request(ctx := self._context(), payload)
-                if plan.unknown_topics:
-                    # Topics created since the last refresh: a broker would know them.
-                    await self.cluster.refresh(timeout=2.0)
-                    plan = plan_request(ctx := self._context(), payload)
-                if plan.unknown_coordinators:
-                    # A batch naming groups or transactions kfan has not seen: one bulk lookup, then plan by broker.
-                    await self.cluster.find_coordinators(plan.unknown_coordinators)
-                    plan = plan_request(ctx := self._context(coordinators_looked_up=True), payload)
-            except (Malformed, Unsupported) as e:
-                key, version, cid = peek_request(payload)
-                log.warning("client %s: closing on request api_key=%s v%s correlation_id=%s: %s", self.id, key, version, cid, e)
-                raise _Close("malformed" if isinstance(e, Malformed) else "unsupported") from e
-            except Exception as e:
-                key, version, cid = peek_request(payload)
-                log.error(
-                    "client %s: unexpected error planning api_key=%s v%s correlation_id=%s", self.id, key, version, cid, exc_info=True
-                )
-                raise _Close("internal_error") from e
+            ctx, plan = await self._plan(payload)
             await self._budget.acquire(plan.cost)
-            slot = _Slot(plan.cost)
             h = plan.header
-            slot.api_key = h.api_key
+            slot = ResponseSlot(plan.cost, h.api_key)
             if read_at is not None:
                 slot.captured = (read_at, bytes(payload), ctx.topology)
             metrics.CLIENT_REQUESTS.labels(str(h.api_key), str(h.api_version)).inc()
-            metrics.FANOUT.labels(str(h.api_key)).observe(len(plan.subs))
+            metrics.FANOUT.labels(str(h.api_key)).observe(len(plan.subs) if isinstance(plan, Forward) else 0)
             metrics.INFLIGHT.inc()
             self._inflight += 1
             await send.send(slot)
-            if plan.reply is not None:
-                for (code, broker), n in plan.reply_errors.items():
-                    metrics.ERRORS.labels(str(code), str(broker)).inc(n)
-                self._answer(slot, plan, plan.reply if plan.expect_response else None)
+            if isinstance(plan, LocalReply):
+                _count_errors(plan.errors)
+                self._answer(slot, plan.header, plan.body if plan.expect_response else None)
                 continue
+            assert isinstance(plan, Forward)
             submitted_at = trio.current_time()
             try:
-                pendings = await self._submit(plan)
+                handles = await self._forwarder.submit(plan)
             except Exception as e:
                 log.error("client %s: unexpected error sending %s", self.id, _describe(h), exc_info=True)
                 raise _Close("internal_error") from e
-            self._nursery.start_soon(self._complete, plan, pendings, slot, submitted_at)
+            self._nursery.start_soon(self._complete, plan, handles, slot, submitted_at)
 
-    def drain(self) -> None:
-        """Stop reading requests; answer those already read, then close (graceful shutdown)."""
-        self._draining = True
-        if self._receiving is not None:
-            self._receiving.cancel()
-
-    def _context(self, coordinators_looked_up: bool = False) -> Context:
-        return Context(
-            self.identity, self.cluster.topology, self.cluster.api_versions, self.cluster.known_coordinator, coordinators_looked_up
-        )
-
-    async def _submit(self, plan: Plan) -> dict[Target, Pending | int]:
-        """Send every sub-request now, in order; coordinators are resolved first."""
-        out: dict[Target, Pending | int] = {}
-        lane = "fetch" if plan.header.api_key == apis.FETCH else "main"
-        for target, sub in plan.subs.items():
-            broker: int
-            if isinstance(target, Coordinator):
-                try:
-                    broker = await self.cluster.coordinator(target)
-                except CoordinatorError as e:
-                    out[target] = e.code
-                    continue
-            elif target is ANY:
-                home = self._home_broker()
-                if home is None:
-                    out[target] = broker_failure_code(plan.header.api_key, written=False)
-                    continue
-                broker = home
-            else:
-                assert isinstance(target, int)
-                broker = target
-            if (
-                plan.fetch_min_bytes is not None
-                and (ahead := self._fetch_ahead_for(broker, plan.fetch_keys[target], self._hold(plan))) is not None
-            ):
-                out[target] = ahead
-                continue
-            link = self._link(broker, lane)
-            if link is None:
-                out[target] = broker_failure_code(plan.header.api_key, written=False)
-                continue
-            out[target] = pending = link.submit(sub)
-            if plan.fetch_min_bytes is not None:
-                self._fetch_ahead[broker] = (plan.fetch_keys[target], pending, trio.current_time())
-        return out
-
-    def _hold(self, plan: Plan) -> float:
-        """Seconds the request lets a broker keep it, by its own fields, capped by ``max_hold``."""
-        return min(plan.hold_ms / 1000, self.limits.max_hold)
-
-    def _fetch_ahead_for(self, broker: int, wanted: Hashable, max_wait: float) -> Pending | None:
-        """The sub-fetch this connection already has in flight to ``broker`` for
-        exactly these partitions and offsets. Reusing it, rather than asking
-        again, is what lets a slow broker's data arrive at all while a fast
-        broker keeps answering first (no starvation)."""
-        entry = self._fetch_ahead.get(broker)
-        if entry is None:
-            return None
-        key, pending, sent_at = entry
-        now = trio.current_time()
-        if pending.done_at is None and now - sent_at > self.limits.request_timeout + max_wait:
-            # Far past any max_wait: the broker is hung. Closing the link fails
-            # this sub-fetch (a retriable error for its partitions) and the next
-            # Fetch opens a fresh one.
-            if (link := self._links.get((broker, "fetch"))) is not None:
-                link.close()
-            del self._fetch_ahead[broker]
-            return pending
-        fresh = pending.done_at is None or now - pending.done_at < FETCH_AHEAD_TTL
-        if fresh and key == wanted:
-            return pending
-        del self._fetch_ahead[broker]
-        return None
-
-    def _home_broker(self) -> int | None:
-        if self._home is None or self._home not in self.cluster.topology.brokers:
-            self._home = self.cluster.any_broker()
-        return self._home
-
-    def _link(self, broker: int, lane: str) -> Link | None:
-        link = self._links.get((broker, lane))
-        if link is not None and link.failed is None:
-            return link
-        b = self.cluster.topology.brokers.get(broker)
-        if b is None:
-            return None
-        link = Link(broker, b.host, b.port, max_frame_bytes=self.limits.max_frame_bytes, keep_requests=self.capture is not None)
-        self._links[(broker, lane)] = link
-        self._nursery.start_soon(link.run)
-        return link
+    async def _plan(self, payload: bytes | memoryview) -> tuple[Context, LocalReply | Forward]:
+        """Plan one request; a request kfan cannot plan closes the connection."""
+        try:
+            return await self._forwarder.plan(payload)
+        except (Malformed, Unsupported) as e:
+            key, version, cid = peek_request(payload)
+            log.warning("client %s: closing on request api_key=%s v%s correlation_id=%s: %s", self.id, key, version, cid, e)
+            raise _Close("malformed" if isinstance(e, Malformed) else "unsupported") from e
+        except Exception as e:
+            key, version, cid = peek_request(payload)
+            log.error("client %s: unexpected error planning api_key=%s v%s correlation_id=%s", self.id, key, version, cid, exc_info=True)
+            raise _Close("internal_error") from e
 
     # --- completing ----------------------------------------------------------------
 
-    async def _complete(self, plan: Plan, pendings: Mapping[Target, Pending | int], slot: _Slot, submitted_at: float) -> None:
+    async def _complete(self, plan: Forward, handles: Handles, slot: ResponseSlot, submitted_at: float) -> None:
         try:
-            await self._complete_one(plan, pendings, slot, submitted_at)
+            await self._complete_one(plan, handles, slot, submitted_at)
         except Exception:
             # A bug met while answering one request ends this connection (in
             # order: the responses before it are still written), nothing more.
@@ -386,186 +283,31 @@ class ClientConnection:
             slot.close = "internal_error"
             slot.done.set()
 
-    async def _complete_one(self, plan: Plan, pendings: Mapping[Target, Pending | int], slot: _Slot, submitted_at: float) -> None:
+    async def _complete_one(self, plan: Forward, handles: Handles, slot: ResponseSlot, submitted_at: float) -> None:
         if not plan.expect_response:
             with trio.move_on_after(self.limits.request_timeout):
-                for p in pendings.values():
-                    if not isinstance(p, int):
-                        await p.sent.wait()
-            self._answer(slot, plan, None, pendings)
+                for h in handles.values():
+                    if isinstance(h, Pending):
+                        await h.sent.wait()
+            self._answer(slot, plan.header, None, handles)
             return
-        answers = await self._gather(plan, pendings, submitted_at)
-        outcome = self._merge(plan, answers)
-        if (outcome is None or outcome.broker_failed) and ANY in plan.subs and plan.header.api_key in routing.READ_ONLY:
-            # Any broker can answer this, and asking again changes nothing: one
-            # broker's failure is not worth the client's (a Metadata answer has
-            # no error code, so a failure would cost it its connection).
-            failed = pendings[ANY]
-            again = self._ask_another_broker(plan, failed.broker if isinstance(failed, Pending) else None)
-            if again is not None:
-                pendings = {ANY: again}
-                answers = await self._gather(plan, pendings, trio.current_time())
-                outcome = self._merge(plan, answers)
-        if outcome is None:
+        reply, handles, answers = await self._forwarder.reply(plan, handles, submitted_at)
+        if reply is None:
             # No error code of this response can say a broker failed: close, as a broker would on its own failure.
             slot.close = "broker_answer"
             slot.done.set()
             return
-        self._marks.update(outcome.fetch_marks)
-        for (code, broker), n in outcome.errors.items():
-            metrics.ERRORS.labels(str(code), str(broker)).inc(n)
-        if outcome.metadata is not None:
-            self.cluster.fold_metadata(outcome.metadata)
-        if outcome.coordinators:
-            self.cluster.learn(outcome.coordinators)
-        for c in outcome.moved:
-            self.cluster.forget(c)
-        if outcome.stale_topics or outcome.refresh:
-            self.cluster.request_refresh()
-        self._answer(slot, plan, outcome.body, pendings, answers)
-
-    def _merge(self, plan: Plan, answers: Mapping[Target, Answer]) -> Outcome | None:
-        """The client's response from the brokers' answers; None when no error code of it can say a broker failed."""
-        assert plan.merge is not None
-        try:
-            return plan.merge(answers, self._marks) if plan.fetch_min_bytes is not None else plan.merge(answers)
-        except BrokerUnavailable as e:
-            log.info("client %s: %s (%s)", self.id, e, _describe(plan.header))
-            return None
-
-    async def _gather(self, plan: Plan, pendings: Mapping[Target, Pending | int], submitted_at: float) -> dict[Target, Answer]:
-        """The brokers' answers, as they come. A Fetch is answered as soon as a
-        broker would answer it (min_bytes in, or an error): sub-fetches still
-        long-polling an idle broker do not hold back data another returned."""
-        answers: dict[Target, Answer] = {}
-        send, receive = trio.open_memory_channel[tuple[Target, Answer]](math.inf)
-
-        async def wait(target: Target, p: Pending) -> None:
-            try:
-                answer: Answer = await p.wait()
-                if p.done_at is not None and p.created_at >= submitted_at:
-                    metrics.BROKER_LATENCY.labels(_broker_label(target), str(plan.header.api_key)).observe(p.done_at - p.created_at)
-            except LinkError as e:
-                log.info("client %s: %s", self.id, e)
-                answer = broker_failure_code(plan.header.api_key, p.written)
-                if target is ANY:
-                    self._home = None
-                self.cluster.request_refresh()
-            send.send_nowait((target, answer))
-
-        fetch = plan.fetch_min_bytes is not None
-        cut_short = timed_out = False
-        now = trio.current_time()
-        # A request that lets the broker hold it (JoinGroup up to its rebalance
-        # timeout) gets that long on top of ours. A Fetch is answered by its
-        # max_wait, as a broker would; sub-fetches sent for it get a short grace
-        # past that, older ones (still out from an earlier Fetch) none. Those
-        # still out count as "no data yet" and stay for the client's next Fetch.
-        soft = now + self._hold(plan)
-        hard = soft + (FETCH_GRACE if fetch else self.limits.request_timeout)
-        outstanding: set[Target] = set()
-        fresh = {t for t, p in pendings.items() if not isinstance(p, int) and p.created_at >= submitted_at}
-        current = dict(pendings)
-        async with trio.open_nursery() as nursery:
-            for target, p in pendings.items():
-                if isinstance(p, int):
-                    answers[target] = p
-                else:
-                    nursery.start_soon(wait, target, p)
-                    outstanding.add(target)
-            while outstanding:
-                now = trio.current_time()
-                if (
-                    fetch
-                    and answers
-                    and fetch_satisfied(plan.header, answers, plan.fetch_min_bytes or 0)
-                    and all(plan.fetch_partitions[t] <= self._marks.keys() for t in outstanding)
-                ):
-                    # Answered early only if every partition still out has marks
-                    # to report (see core._finish_fetch); at first, wait for all.
-                    cut_short = True
-                    break
-                if fetch and now >= soft and not outstanding & fresh:
-                    cut_short = True
-                    break
-                wake = soft if fetch and now < soft else hard
-                with trio.move_on_at(wake):
-                    target, answer = await receive.receive()
-                    outstanding.discard(target)
-                    if (
-                        fetch
-                        and target not in fresh
-                        and trio.current_time() < soft
-                        and not fetch_satisfied(plan.header, {target: answer}, 1)
-                    ):
-                        # An earlier Fetch's sub-fetch came back empty inside this
-                        # one's max_wait: ask that broker again, as a broker would
-                        # keep waiting for new data. Its marks are news all the same.
-                        self._marks.update(answer_marks(plan.header, answer))
-                        again = self._refetch(plan, target)
-                        if again is not None:
-                            current[target] = again
-                            fresh.add(target)
-                            outstanding.add(target)
-                            nursery.start_soon(wait, target, again)
-                            continue
-                    answers[target] = answer
-                    continue
-                if wake == hard:
-                    timed_out = True
-                    break
-            nursery.cancel_scope.cancel()
-        if timed_out and not fetch:
-            # A broker past every deadline it was given is hung (or stalled
-            # mid-answer): close its link, so the next request opens a fresh one.
-            for target in outstanding:
-                p = current[target]
-                if isinstance(p, Pending) and (link := self._links.get((p.broker, "main"))) is not None:
-                    link.close()
-        cut_short = cut_short or (fetch and timed_out)
-        for target in pendings:
-            answers.setdefault(target, NO_ANSWER_YET if cut_short else errors.REQUEST_TIMED_OUT)
-        if fetch:
-            self._settle_fetch_ahead(current, answers)
-        return answers
-
-    def _ask_another_broker(self, plan: Plan, failed: int | None) -> Pending | None:
-        broker = self.cluster.any_broker(exclude=failed)
-        link = None if broker is None else self._link(broker, "main")
-        if link is None:
-            return None
-        self._home = broker
-        return link.submit(plan.subs[ANY])
-
-    def _refetch(self, plan: Plan, target: Target) -> Pending | None:
-        assert isinstance(target, int)
-        link = self._link(target, "fetch")
-        if link is None:
-            return None
-        pending = link.submit(plan.subs[target])
-        self._fetch_ahead[target] = (plan.fetch_keys[target], pending, trio.current_time())
-        return pending
-
-    def _settle_fetch_ahead(self, pendings: Mapping[Target, Pending | int], answers: Mapping[Target, Answer]) -> None:
-        """A sub-fetch whose answer went to the client is spent; one still in
-        flight stays, for the client's next Fetch of the same offsets."""
-        for target, p in pendings.items():
-            answer = answers.get(target)
-            if isinstance(answer, int) and answer == NO_ANSWER_YET:
-                continue
-            entry = self._fetch_ahead.get(target)  # type: ignore[arg-type]
-            if entry is not None and entry[1] is p:
-                del self._fetch_ahead[target]  # type: ignore[arg-type]
+        _count_errors(reply.errors)
+        self._answer(slot, plan.header, reply.body, handles, answers)
 
     def _answer(
         self,
-        slot: _Slot,
-        plan: Plan,
+        slot: ResponseSlot,
+        h: RequestHeader,
         body: Parts | None,
-        pendings: Mapping[Target, Pending | int] | None = None,
-        answers: Mapping[Target, Answer] | None = None,
+        handles: Handles | None = None,
+        answers: Mapping[Destination, BrokerAnswer] | None = None,
     ) -> None:
-        h = plan.header
         if body is not None:
             slot.parts = [response_header(h.api_key, h.api_version, h.correlation_id), *body]
             # An unwritten response is held for the client too: a client that
@@ -575,33 +317,11 @@ class ClientConnection:
             slot.size += response_bytes
         slot.done.set()
         if slot.captured is not None and self.capture is not None:
-            ts_start, request, topology = slot.captured
-            # Each broker answer as the merge saw it (None: failed, or not in yet).
-            used = {t: (a if isinstance(a, bytes | bytearray | memoryview) else None) for t, a in (answers or {}).items()}
-            subrequests = [
-                (p.broker, p.request[4:], None if used.get(t) is None else bytes(used[t]))  # type: ignore[arg-type]
-                for t, p in (pendings or {}).items()
-                if isinstance(p, Pending) and p.request is not None
-            ]
-            self.capture.offer(
-                ts_start=ts_start,
-                conn_id=f"{os.getpid()}-{self.id}",
-                api_key=h.api_key,
-                api_version=h.api_version,
-                correlation_id=h.correlation_id,
-                request=request,
-                response=None if slot.parts is None else b"".join(bytes(x) for x in slot.parts),
-                subrequests=subrequests,
-                # The topology used, plus kfan's own identity (replay rewrites answers with it).
-                topology={
-                    **json.loads(topology.to_json()),
-                    "kfan": {"node_id": self.identity.node_id, "host": self.identity.host, "port": self.identity.port},
-                },
-            )
+            self.capture.offer(_capture_row(slot, h, f"{os.getpid()}-{self.id}", self.identity, handles or {}, answers or {}))
 
     # --- writing ---------------------------------------------------------------------
 
-    async def _write(self, receive: trio.MemoryReceiveChannel[_Slot], scope: trio.CancelScope) -> None:
+    async def _write(self, receive: trio.MemoryReceiveChannel[ResponseSlot], scope: trio.CancelScope) -> None:
         async for slot in receive:
             await slot.done.wait()
             metrics.INFLIGHT.dec()
@@ -618,8 +338,7 @@ class ClientConnection:
                     raise _Close("frame_timeout")
                 self._last_active = trio.current_time()  # idle counts from the last byte either way
                 metrics.BYTES.labels("client_out").inc(len(data))
-            if slot.api_key >= 0:
-                metrics.CLIENT_LATENCY.labels(str(slot.api_key)).observe(trio.current_time() - slot.started)
+            metrics.CLIENT_LATENCY.labels(str(slot.api_key)).observe(trio.current_time() - slot.started)
             self._budget.release(slot.size)
         # The client closed its side and every response is written.
         scope.cancel()
@@ -629,12 +348,37 @@ def _describe(h: RequestHeader) -> str:
     return f"api_key={h.api_key} v{h.api_version} correlation_id={h.correlation_id}"
 
 
-def _broker_label(target: Target) -> str:
-    return str(target) if isinstance(target, int) else "-1"
+def _count_errors(counts: Mapping[tuple[int, int], int]) -> None:
+    for (code, broker), n in counts.items():
+        metrics.ERRORS.labels(str(code), str(broker if isinstance(broker, int) else -1)).inc(n)
+
+
+def _capture_row(
+    slot: ResponseSlot, h: RequestHeader, conn_id: str, identity: Identity, handles: Handles, answers: Mapping[Destination, BrokerAnswer]
+) -> CaptureRow:
+    assert slot.captured is not None
+    ts_start, request, topology = slot.captured
+    subrequests = []
+    for d, p in handles.items():
+        if isinstance(p, Pending) and p.request is not None:
+            answer = answers.get(d)  # as the merge saw it (None: failed, or not in yet)
+            subrequests.append((p.broker, p.request[4:], bytes(answer.payload) if isinstance(answer, Response) else None))
+    return CaptureRow(
+        ts_start=ts_start,
+        ts_end=time.time_ns(),
+        conn_id=conn_id,
+        api_key=h.api_key,
+        api_version=h.api_version,
+        correlation_id=h.correlation_id,
+        request=request,
+        response=None if slot.parts is None else b"".join(bytes(x) for x in slot.parts),
+        subrequests=subrequests,
+        topology=topology_document(topology, identity.node_id, identity.host, identity.port),
+    )
 
 
 async def serve_client(
-    stream: trio.SocketStream,
+    stream: trio.abc.Stream,
     cluster: Cluster,
     identity: Identity,
     limits: Limits,

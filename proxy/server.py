@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import logging
 import socket
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import partial
 
@@ -40,6 +42,50 @@ class ServerConfig:
     capture: CaptureConfig | None = None
 
 
+class Connections:
+    """The open client connections: what a graceful stop drains, and waits for.
+
+    :meth:`track` holds a connection in the set while it runs. ``add`` and
+    ``discard`` (with ``len``) are the same as a set's, for callers that keep
+    a registry set themselves.
+    """
+
+    def __init__(self) -> None:
+        self._open: set[ClientConnection] = set()
+        self._empty = trio.Event()  # set while no connection is open
+        self._empty.set()
+
+    def __len__(self) -> int:
+        return len(self._open)
+
+    def __iter__(self) -> Iterator[ClientConnection]:
+        return iter(list(self._open))
+
+    def add(self, conn: ClientConnection) -> None:
+        if self._empty.is_set():
+            self._empty = trio.Event()
+        self._open.add(conn)
+
+    def discard(self, conn: ClientConnection) -> None:
+        self._open.discard(conn)
+        if not self._open:
+            self._empty.set()
+
+    @contextmanager
+    def track(self, conn: ClientConnection) -> Iterator[ClientConnection]:
+        """Count ``conn`` as open for the duration of the ``with`` block."""
+        self.add(conn)
+        try:
+            yield conn
+        finally:
+            self.discard(conn)
+
+    async def wait_empty(self) -> None:
+        """Return once no connection is open (at once if none is)."""
+        while self._open:
+            await self._empty.wait()
+
+
 @dataclass
 class Running:
     """What a started server reports: where it listens and how clients should reach it."""
@@ -48,22 +94,20 @@ class Running:
     identity: Identity
     cluster: Cluster
     metrics_port: int | None = None
+    connections: Connections = field(default_factory=Connections)
     _accepting: trio.CancelScope | None = None
-    _connections: set[ClientConnection] = field(default_factory=set)
-    _drained: trio.Event = field(default_factory=trio.Event)
 
     async def shutdown(self, timeout: float) -> None:
         """Stop accepting; let connections answer what they have read, up to ``timeout`` seconds."""
         if self._accepting is not None:
             self._accepting.cancel()
-        log.info("stopping: %d client connections to drain (up to %.0f s)", len(self._connections), timeout)
-        for conn in list(self._connections):
+        log.info("stopping: %d client connections to drain (up to %.0f s)", len(self.connections), timeout)
+        for conn in self.connections:
             conn.drain()
         with trio.move_on_after(timeout):
-            while self._connections:
-                await trio.sleep(0.05)
-        if self._connections:
-            log.warning("stopping: %d connections still busy after %.0f s, closing them", len(self._connections), timeout)
+            await self.connections.wait_empty()
+        if self.connections:
+            log.warning("stopping: %d connections still busy after %.0f s, closing them", len(self.connections), timeout)
         else:
             log.info("stopping: every connection drained")
 
@@ -108,7 +152,7 @@ async def serve(config: ServerConfig, task_status: trio.TaskStatus[Running] = tr
             cluster=cluster,
             identity=identity,
             limits=config.limits,
-            registry=running._connections,
+            registry=running.connections,
             capture=capture,
             pool=MemoryPool(config.limits.max_buffered_bytes),
         )

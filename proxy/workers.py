@@ -81,6 +81,8 @@ async def _supervise(options: dict[str, Any], port: int, metrics_dir: str) -> in
     n = options["workers"]
     ready_count = 0
     all_ready = trio.Event()
+    # Set on SIGINT/SIGTERM: from then on a worker exiting is the stop, not a failure.
+    stopping = trio.Event()
     procs: list[trio.Process] = []
 
     async def pump(proc: trio.Process) -> None:
@@ -123,17 +125,16 @@ async def _supervise(options: dict[str, Any], port: int, metrics_dir: str) -> in
                 from prometheus_client import multiprocess
 
                 multiprocess.mark_process_dead(proc.pid)
-                if not stopping:
+                if not stopping.is_set():
                     log.error("worker pid %s exited with %s; stopping", proc.pid, code)
                     nursery.cancel_scope.cancel()
 
-            stopping = False
             nursery.start_soon(announce)
             for proc in procs:
                 nursery.start_soon(watch, proc)
             async for signum in signals:
                 log.info("received %s, stopping %d workers", signal.Signals(signum).name, n)
-                stopping = True
+                stopping.set()
                 for proc in procs:
                     if proc.returncode is None:
                         proc.send_signal(signal.SIGTERM)

@@ -1,1 +1,2 @@
-"""PySpark jobs over kfan captures (``spark/replay.py``); installed with kfan so `kfan replay` finds them."""
+"""PySpark jobs over kfan captures: ``spark/replay.py`` (the job) and ``spark/checks.py`` (the per-exchange checks it runs);
+installed with kfan so `kfan replay` finds them."""

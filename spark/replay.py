@@ -1,7 +1,8 @@
 """Replay kfan captures through the current core with PySpark; report regressions.
 
-Each captured exchange is checked by :func:`proxy.replay.check_exchange` on
-the executors; the driver aggregates by API key and version (counts,
+Each captured exchange is checked by :func:`spark.checks.check_exchange` on
+the executors, with kfan's current core (or the one :func:`run` is given);
+the driver aggregates by API key and version (counts,
 regressions with the first examples, latency percentiles, fan-out widths) and
 writes ``OUT.json`` and ``OUT.html``. Exit status 1 when any exchange
 regressed.
@@ -13,7 +14,7 @@ Local mode (what `kfan replay DIR --report OUT` runs):
 On a cluster (executors need kfan's dependencies: pip install kfan there, or
 ship them with --py-files / a packed environment):
 
-    zip -r kfan.zip proxy backends
+    zip -r kfan.zip proxy backends spark
     spark-submit --master spark://HOST:7077 --py-files kfan.zip spark/replay.py s3a://bucket/captures --report /tmp/replay
 """
 
@@ -26,19 +27,26 @@ import math
 import os
 import shutil
 import sys
+from collections.abc import Iterable, Iterator
+from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from spark.checks import Core
 
 EXAMPLES = 3
 LATENCY_BUCKETS_MS = [0.5, 1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, math.inf]
 
 
-def _check_rows(rows: Any) -> Any:
-    from proxy.replay import check_exchange
+def _check_rows(rows: Iterable[Any], core: Core) -> Iterator[tuple[Any, ...]]:
+    """On an executor: one result tuple per capture row (a Spark Row) of a partition."""
+    from proxy.capture.rows import CaptureRow
+    from spark.checks import check_exchange
 
     for row in rows:
         d = row.asDict(recursive=True)
-        r = check_exchange(d)
+        r = check_exchange(CaptureRow.from_dict(d), core)
         yield (
             r.api_key,
             r.api_version,
@@ -51,11 +59,15 @@ def _check_rows(rows: Any) -> Any:
         )
 
 
-def run(capture: str, report: Path, master: str | None = None) -> dict[str, Any]:
+def run(capture: str, report: Path, master: str | None = None, core: Core | None = None) -> dict[str, Any]:
+    """Check every exchange of ``capture`` with ``core`` (default: kfan's, :data:`spark.checks.DEFAULT_CORE`);
+    write REPORT.json and REPORT.html; return the summary."""
     from pyspark.sql import SparkSession
     from pyspark.sql import functions as F
     from pyspark.sql.types import BooleanType, DoubleType, IntegerType, StringType, StructField, StructType
     from pyspark.sql.window import Window
+
+    from spark.checks import DEFAULT_CORE
 
     builder = (
         SparkSession.builder.appName("kfan-replay").config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
@@ -85,7 +97,7 @@ def run(capture: str, report: Path, master: str | None = None) -> dict[str, Any]
                 StructField("correlation_id", IntegerType()),
             ]
         )
-        results = spark.createDataFrame(exchanges.rdd.mapPartitions(_check_rows), schema).cache()
+        results = spark.createDataFrame(exchanges.rdd.mapPartitions(partial(_check_rows, core=core or DEFAULT_CORE)), schema).cache()
         per_api = (
             results.groupBy("api_key", "api_version")
             .agg(
@@ -192,12 +204,12 @@ def _fmt(v: float | None) -> str:
     return "" if v is None else f"{v:.2f}"
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, core: Core | None = None) -> int:
+    """``kfan replay DIR --report OUT``; ``core`` (default kfan's) is for tests that check the checks."""
     parser = argparse.ArgumentParser(description="Replay kfan captures through the current core and report regressions.")
     parser.add_argument("capture", help="capture directory (local path or any URL Spark reads)")
     parser.add_argument("--report", required=True, type=Path, help="writes REPORT.json and REPORT.html")
     parser.add_argument("--master", default=None, help="Spark master (default: spark-submit's, or local[*])")
-    parser.add_argument("--break", dest="broken", default=None, help=argparse.SUPPRESS)  # tests only: a deliberately broken core
     args = parser.parse_args(argv)
     if not os.environ.get("JAVA_HOME") and shutil.which("java") is None:
         print(
@@ -210,8 +222,6 @@ def main(argv: list[str] | None = None) -> int:
     except ImportError:
         print("kfan replay: PySpark is not installed; pip install 'kfan[spark]'", file=sys.stderr)
         return 2
-    if args.broken:
-        os.environ["KFAN_REPLAY_BREAK"] = args.broken  # inherited by the Python workers
     # Under spark-submit (its scripts set SPARK_ENV_LOADED) the master is spark-submit's; run directly, local mode.
     master = args.master or (None if os.environ.get("SPARK_ENV_LOADED") else "local[*]")
     if master and master.startswith("local"):
@@ -219,11 +229,11 @@ def main(argv: list[str] | None = None) -> int:
         os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
         # Driver and executors share this machine: no need to find a routable address.
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    # Executors import proxy/ and backends/ from the project in local mode.
+    # Executors import proxy/, backends/ and spark/ from the project in local mode.
     root = str(Path(__file__).resolve().parent.parent)
     os.environ["PYTHONPATH"] = root + os.pathsep + os.environ.get("PYTHONPATH", "")
     sys.path.insert(0, root)
-    summary = run(args.capture, args.report, master)
+    summary = run(args.capture, args.report, master, core)
     print(f"kfan replay: {summary['exchanges']} exchanges, {summary['regressions']} regressed; report {args.report}.html")
     for a in summary["apis"]:
         for e in a["examples"]:

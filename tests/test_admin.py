@@ -72,7 +72,7 @@ def _host_port(bootstrap: str) -> tuple[str, int]:
 
 
 def _api_versions(address: tuple[str, int], version: int = 3) -> dict[int, tuple[int, int]]:
-    """An ApiVersions answer; the mock's reply to v3+ is malformed (BACKENDS.md), ask it with v2."""
+    """An ApiVersions answer; the mock's reply to v3+ is malformed (its compact array count is off by one), ask it with v2."""
     m = _kio("api_versions", version)
     request = (
         m.ApiVersionsRequest(client_software_name="kfan-tests", client_software_version="1") if version >= 3 else m.ApiVersionsRequest()

@@ -1,4 +1,4 @@
-"""A broker that misbehaves, behind the real kfan process (DESIGN.md principle 6, invariant 6).
+"""A broker that misbehaves, behind the real kfan process (a failed or babbling broker becomes retriable per-partition errors).
 
 A fresh 3-broker embedded cluster for this module; broker 2 sits behind a
 :class:`tests.support.badbroker.BadBroker` and advertises the stand-in's

@@ -10,7 +10,6 @@ stores no payload, and that a killed kfan leaves readable files.
 from __future__ import annotations
 
 import datetime
-import json
 import signal
 import time
 import uuid
@@ -25,11 +24,9 @@ from kio.schema.types import TopicName
 from kio.static.primitive import i32, i32Timedelta, i64
 
 from backends.mock import MockCluster
-from backends.topology import Topology
-from proxy.capture import COLUMNS, read_capture
-from proxy.core import Context, Identity, plan_request, request_head
-from proxy.kafka.headers import parse_request_header
-from proxy.replay import check_exchange
+from proxy.capture import COLUMNS, CaptureRow, read_capture, read_rows
+from proxy.kafka.headers import parse_request_header, response_body_offset
+from spark.checks import DEFAULT_CORE, check_exchange
 from tests.support.kfan import start_kfan
 from tests.support.kio_oracle import kio_decode
 from tests.support.rawclient import RawClient
@@ -65,70 +62,66 @@ def _asks(frame_without_cid: bytes) -> set[tuple[object, int, int]]:
     }
 
 
-def _run(cluster: MockCluster, topic: str, directory: Path, *extra: str) -> list[dict]:
+def _run(cluster: MockCluster, topic: str, directory: Path, *extra: str) -> list[CaptureRow]:
     k = start_kfan(cluster.bootstrap, "--capture", str(directory), *extra)
     _traffic(k.bootstrap, topic)
     assert k.stop() == 0
-    rows = read_capture(directory).to_pylist()
+    assert read_capture(directory).column_names == list(COLUMNS)
+    rows = read_rows(directory)
     assert rows, "nothing captured"
     return rows
+
+
+def _without_cid(request: bytes) -> bytes:
+    return request[:4] + request[8:]
 
 
 def test_capture_rows_decode_and_match_the_core(cluster: MockCluster, topic: str, tmp_path: Path) -> None:
     rows = _run(cluster, topic, tmp_path)
     assert not list(tmp_path.glob("*.inprogress")), "a clean stop completes the file"
-    assert set(rows[0]) == set(COLUMNS)
-    keys = {r["api_key"] for r in rows}
+    keys = {r.api_key for r in rows}
     assert {0, 1, 3, 18} <= keys, f"produce, fetch, metadata, api versions captured: {sorted(keys)}"
     acks0 = 0
     for r in rows:
-        assert r["ts_start"] <= r["ts_end"]
-        hdr = parse_request_header(r["request"])
-        assert (hdr.api_key, hdr.api_version, hdr.correlation_id) == (r["api_key"], r["api_version"], r["correlation_id"])
-        kio_decode(load_request_schema(hdr.api_key, hdr.api_version), r["request"], hdr.body_offset)
-        if r["response"] is None:
+        assert r.ts_start <= r.ts_end
+        hdr = parse_request_header(r.request)
+        assert (hdr.api_key, hdr.api_version, hdr.correlation_id) == (r.api_key, r.api_version, r.correlation_id)
+        kio_decode(load_request_schema(hdr.api_key, hdr.api_version), r.request, hdr.body_offset)
+        if r.response is None:
             acks0 += 1
-            assert r["api_key"] == 0
+            assert r.api_key == 0
         else:
             resp_cls = load_response_schema(hdr.api_key, hdr.api_version)
-            from proxy.kafka.headers import response_body_offset
-
-            assert int.from_bytes(r["response"][:4], "big", signed=True) == r["correlation_id"]
-            kio_decode(resp_cls, r["response"], response_body_offset(r["response"], hdr.api_key, hdr.api_version))
-        topology = Topology.from_json(r["topology"])
-        if r["api_key"] in (0, 1) and r["subrequests"]:
+            assert int.from_bytes(r.response[:4], "big", signed=True) == r.correlation_id
+            kio_decode(resp_cls, r.response, response_body_offset(r.response, hdr.api_key, hdr.api_version))
+        r.cluster()  # the topology column reads back
+        if r.api_key in (0, 1) and r.subrequests:
             # The recorded sub-requests are what the core plans for this request and topology.
-            plan = plan_request(Context(Identity(0, "x", 1), topology, {k: (0, 99) for k in range(100)}), r["request"])
-            want = {b: request_head(s) + b"".join(bytes(x) for x in s.tail) for b, s in plan.subs.items()}
-            got = {s["broker"]: s["request"][:4] + s["request"][8:] for s in r["subrequests"]}
-            if r["api_key"] == 1:
+            want = {b: _without_cid(wire[4:]) for b, wire in DEFAULT_CORE.replan(r, {}).subrequests.items()}
+            got = {b: _without_cid(q) for b, q, _ in r.subrequests}
+            if r.api_key == 1:
                 # A sub-fetch may be one sent for an earlier Fetch of the same
                 # partitions and offsets (in another order), reused: compare what they ask.
                 assert {b: _asks(q) for b, q in got.items()} == {b: _asks(q) for b, q in want.items()}
             else:
                 assert got == want
-        for s in r["subrequests"]:
-            shdr = parse_request_header(s["request"])
-            assert shdr.api_key == r["api_key"]
+        for _, q, _ in r.subrequests:
+            assert parse_request_header(q).api_key == r.api_key
     assert acks0 > 0, "acks=0 produce rows are captured without a response"
-    assert json.loads(rows[0]["topology"])["brokers"]
+    assert rows[0].topology["brokers"] and rows[0].topology["kfan"]["port"]
 
 
 def test_capture_records_none_keeps_no_payload(cluster: MockCluster, topic: str, tmp_path: Path) -> None:
     rows = _run(cluster, topic, tmp_path, "--capture-records", "none")
-    produce = [r for r in rows if r["api_key"] == 0]
-    fetch = [r for r in rows if r["api_key"] == 1 and r["response"]]
+    produce = [r for r in rows if r.api_key == 0]
+    fetch = [r for r in rows if r.api_key == 1 and r.response]
     assert produce and fetch
     for r in rows:
-        assert r["records_scrubbed"]
-        blobs = (
-            [r["request"], r["response"] or b""]
-            + [s["request"] for s in r["subrequests"]]
-            + [s["response"] or b"" for s in r["subrequests"]]
-        )
+        assert r.records_scrubbed
+        blobs = [r.request, r.response or b""] + [q for _, q, _ in r.subrequests] + [a or b"" for _, _, a in r.subrequests]
         assert not any(PAYLOAD in b for b in blobs), "a record payload was stored"
-        hdr = parse_request_header(r["request"])
-        kio_decode(load_request_schema(hdr.api_key, hdr.api_version), r["request"], hdr.body_offset)
+        hdr = parse_request_header(r.request)
+        kio_decode(load_request_schema(hdr.api_key, hdr.api_version), r.request, hdr.body_offset)
 
 
 def test_killed_kfan_leaves_readable_files(cluster: MockCluster, topic: str, tmp_path: Path) -> None:
@@ -174,7 +167,7 @@ def test_a_row_keeps_the_topology_its_split_used(cluster: MockCluster, tmp_path:
             assert fetcher.receive(timeout=5) is not None
     finally:
         assert k.stop() == 0
-    (row,) = [r for r in read_capture(tmp_path).to_pylist() if r["api_key"] == 1 and r["correlation_id"] == cid]
-    assert [s["broker"] for s in row["subrequests"]] == [1]
-    assert Topology.from_json(row["topology"]).leader(topic, 0) == 1
+    (row,) = [r for r in read_rows(tmp_path) if r.api_key == 1 and r.correlation_id == cid]
+    assert [b for b, _, _ in row.subrequests] == [1]
+    assert row.cluster().leader(topic, 0) == 1
     assert check_exchange(row).findings == []

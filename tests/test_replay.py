@@ -8,8 +8,9 @@ calls (which the mock lacks) through kfan in front of Tansu, both with
 - ``kfan replay DIR --report OUT`` (PySpark, local mode) finds no regression
   and writes the JSON and HTML report;
 - the same capture through each deliberately broken core (a split that drops
-  a partition, a double size prefix, swapped responses) exits non-zero and
-  names exchanges that the break really affects;
+  a partition, a double size prefix, swapped responses: tests/support/broken_cores.py,
+  run by the same Spark job through tests/support/broken_replay.py) exits
+  non-zero and names exchanges that the break really affects;
 - ``kfan replay DIR --target`` against a running kfan gets the same answers
   (read-only requests), and against a kfan in front of a cluster without the
   topic reports the differences;
@@ -33,7 +34,6 @@ import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import pytest
 from confluent_kafka import Consumer, Producer
@@ -41,7 +41,8 @@ from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 
 from backends.mock import MockCluster
-from proxy.capture import read_capture
+from proxy.capture import CaptureRow, read_rows
+from tests.support import ROOT
 from tests.support.apt import ensure_command
 from tests.support.kfan import start_kfan
 from tests.support.tansu import Tansu
@@ -125,8 +126,8 @@ class Captured:
     topic: str
     directory: Path  # every capture file: the mock's and Tansu's
     mock_directory: Path  # the mock's only (live replay goes to kfan in front of the same mock)
-    rows: list[dict[str, Any]]
-    mock_rows: list[dict[str, Any]]
+    rows: list[CaptureRow]
+    mock_rows: list[CaptureRow]
 
 
 @pytest.fixture(scope="module")
@@ -144,8 +145,7 @@ def captured(tmp_path_factory: pytest.TempPathFactory, tansu: Tansu) -> Iterator
         assert k.stop() == 0
         for f in [*on_tansu.glob("*.parquet"), *on_mock.glob("*.parquet")]:
             shutil.copy(f, everything / f.name)
-        rows = read_capture(everything).to_pylist()
-        yield Captured(cluster, topic, everything, on_mock, rows, read_capture(on_mock).to_pylist())
+        yield Captured(cluster, topic, everything, on_mock, read_rows(everything), read_rows(on_mock))
 
 
 @pytest.fixture(scope="module")
@@ -157,12 +157,18 @@ def kfan_replay(*args: str, timeout: float = 300) -> subprocess.CompletedProcess
     return subprocess.run([KFAN, "replay", *args], capture_output=True, text=True, timeout=timeout)
 
 
+def broken_replay(broken: str, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    """`kfan replay ARGS` with a deliberately broken core (tests/support/broken_cores.py)."""
+    command = [sys.executable, "-m", "tests.support.broken_replay", broken, *args]
+    return subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+
+
 def test_capture_holds_every_kind_of_traffic(captured: Captured) -> None:
-    keys = {r["api_key"] for r in captured.rows}
+    keys = {r.api_key for r in captured.rows}
     # Produce, Fetch, ListOffsets, Metadata, OffsetCommit, OffsetFetch, FindCoordinator,
     # JoinGroup, SyncGroup, ListGroups, DescribeGroups or ConsumerGroupDescribe, CreateTopics, DeleteTopics, InitProducerId, DescribeConfigs.
     assert {0, 1, 2, 3, 8, 9, 10, 11, 14, 16, 19, 20, 22, 32} <= keys and keys & {15, 69}, sorted(keys)
-    assert any(len(r["subrequests"]) == 3 for r in captured.rows if r["api_key"] == 0), "no Produce fanned out to all three brokers"
+    assert any(len(r.subrequests) == 3 for r in captured.rows if r.api_key == 0), "no Produce fanned out to all three brokers"
 
 
 def test_spark_replay_of_real_traffic_finds_no_regression(captured: Captured, java: str, tmp_path: Path) -> None:
@@ -183,21 +189,21 @@ def test_spark_replay_of_real_traffic_finds_no_regression(captured: Captured, ja
 
 @pytest.mark.parametrize("broken", ["drop-partition", "double-prefix", "swap-responses"])
 def test_broken_core_makes_the_job_fail_and_name_the_exchanges(captured: Captured, java: str, tmp_path: Path, broken: str) -> None:
-    out = kfan_replay(str(captured.directory), "--report", str(tmp_path / "report"), "--break", broken)
+    out = broken_replay(broken, str(captured.directory), "--report", str(tmp_path / "report"))
     assert out.returncode == 1, out.stdout + out.stderr[-3000:]
     report = json.loads((tmp_path / "report.json").read_text())
     assert report["regressions"] > 0
     named = _REGRESSED.findall(out.stdout)
     assert named, out.stdout
-    rows = {(r["conn_id"], r["correlation_id"]): r for r in captured.rows}
+    rows = {(r.conn_id, r.correlation_id): r for r in captured.rows}
     for key, version, conn, cid in named:
         row = rows[(conn, int(cid))]
-        assert (row["api_key"], row["api_version"]) == (int(key), int(version))
+        assert (row.api_key, row.api_version) == (int(key), int(version))
         # Only exchanges the break can affect are named: partition-keyed ones, with
         # a response to compare; swapping needs two brokers' answers.
-        assert row["api_key"] in (0, 1, 2, 21, 23, 61) and row["response"] is not None
+        assert row.api_key in (0, 1, 2, 21, 23, 61) and row.response is not None
         if broken == "swap-responses":
-            assert len(row["subrequests"]) > 1
+            assert len(row.subrequests) > 1
     kinds = {f[0] for a in report["apis"] for e in a["examples"] for f in e["findings"]}
     assert {"drop-partition": "split", "double-prefix": "one size prefix", "swap-responses": "merge"}[broken] in kinds, kinds
 
@@ -210,7 +216,7 @@ def test_live_replay_gets_the_same_answers_from_a_running_kfan(captured: Capture
         k.stop()
     assert out.returncode == 0, out.stdout + out.stderr[-3000:]
     sent = int(re.search(r"(\d+) requests sent", out.stdout).group(1))  # type: ignore[union-attr]
-    assert sent >= sum(1 for r in captured.mock_rows if r["api_key"] in (1, 3)), out.stdout
+    assert sent >= sum(1 for r in captured.mock_rows if r.api_key in (1, 3)), out.stdout
     assert "0 answers differ" in out.stdout
 
 
@@ -256,11 +262,11 @@ def test_tcpdump_of_direct_traffic_imports_and_replays_cleanly(captured: Capture
         timeout=120,
     )
     assert imported.returncode == 0, imported.stdout + imported.stderr
-    rows = read_capture(out_dir).to_pylist()
-    produce = [r for r in rows if r["api_key"] == 0]
-    fetch = [r for r in rows if r["api_key"] == 1 and r["response"] is not None]
-    assert produce and fetch, sorted({r["api_key"] for r in rows})
-    assert {r["subrequests"][0]["broker"] for r in produce} == {1, 2, 3}, "produce requests go to every leader directly"
+    rows = read_rows(out_dir)
+    produce = [r for r in rows if r.api_key == 0]
+    fetch = [r for r in rows if r.api_key == 1 and r.response is not None]
+    assert produce and fetch, sorted({r.api_key for r in rows})
+    assert {r.subrequests[0][0] for r in produce} == {1, 2, 3}, "produce requests go to every leader directly"
     out = kfan_replay(str(out_dir), "--report", str(tmp_path / "report"))
     assert out.returncode == 0, out.stdout + out.stderr[-3000:]
     report = json.loads((tmp_path / "report.json").read_text())
@@ -270,14 +276,14 @@ def test_tcpdump_of_direct_traffic_imports_and_replays_cleanly(captured: Capture
 def test_double_prefix_is_told_from_a_correlation_id_equal_to_the_length() -> None:
     """A 10-byte Heartbeat v3 answer to correlation id 6 starts with 6 = its length - 4: not a double prefix."""
     from proxy.kafka.frames import frame
-    from proxy.replay import _double_prefix
+    from spark.checks import double_prefix
 
     answer = struct.pack(">iih", 6, 0, 0)
-    assert not _double_prefix(answer, 12, 3, response_to=6)
-    assert _double_prefix(frame([answer]), 12, 3, response_to=6)
+    assert not double_prefix(answer, 12, 3, response_to=6)
+    assert double_prefix(frame([answer]), 12, 3, response_to=6)
     request = struct.pack(">hhi", 12, 3, 10) + b"\x00\x01c" + b"group-1234"
-    assert not _double_prefix(request, 12, 3)
-    assert _double_prefix(frame([request]), 12, 3)
+    assert not double_prefix(request, 12, 3)
+    assert double_prefix(frame([request]), 12, 3)
 
 
 def test_live_replay_refuses_an_answer_whose_size_is_out_of_bounds() -> None:
@@ -286,8 +292,8 @@ def test_live_replay_refuses_an_answer_whose_size_is_out_of_bounds() -> None:
     import socket
     import threading
 
+    from proxy.capture.live_replay import replay_live
     from proxy.kafka import apis
-    from proxy.live import replay_live
     from tests.support.messages import request_bytes
 
     listener = socket.create_server(("127.0.0.1", 0))
@@ -300,15 +306,16 @@ def test_live_replay_refuses_an_answer_whose_size_is_out_of_bounds() -> None:
             conn.recv(1)  # hold the connection open until the replay gives up on it
 
     threading.Thread(target=babbling_target, daemon=True).start()
-    row = {
-        "conn_id": "c1",
-        "ts_start": 0,
-        "api_key": apis.METADATA,
-        "api_version": 12,
-        "correlation_id": 5,
-        "request": request_bytes(apis.METADATA, 12, {"topics": None}, correlation_id=5),
-        "response": b"\x00\x00\x00\x05\x00",
-    }
+    row = CaptureRow(
+        ts_start=0,
+        ts_end=0,
+        conn_id="c1",
+        api_key=apis.METADATA,
+        api_version=12,
+        correlation_id=5,
+        request=request_bytes(apis.METADATA, 12, {"topics": None}, correlation_id=5),
+        response=b"\x00\x00\x00\x05\x00",
+    )
     started = time.monotonic()
     report = replay_live([row], listener.getsockname(), timeout=20)
     listener.close()

@@ -92,6 +92,18 @@ def response_body_offset(payload: bytes | memoryview, api_key: int, api_version:
     return r.pos
 
 
+def decode_request(payload: bytes | memoryview) -> tuple[RequestHeader, schema.Struct]:
+    """A whole request frame payload: its header and decoded body (trailing bytes allowed, as Kafka does)."""
+    hdr = parse_request_header(payload)
+    return hdr, schema.decode_body(schema.request_spec(hdr.api_key, hdr.api_version), payload, hdr.body_offset, allow_trailing=True)
+
+
+def decode_response(payload: bytes | memoryview, api_key: int, api_version: int) -> schema.Struct:
+    """A whole response frame payload's decoded body (trailing bytes allowed, as Kafka does)."""
+    spec = schema.response_spec(api_key, api_version)
+    return schema.decode_body(spec, payload, response_body_offset(payload, api_key, api_version), allow_trailing=True)
+
+
 def correlation_id_of(payload: bytes | memoryview) -> int:
     if len(payload) < 4:
         raise Malformed("response shorter than its correlation id")
@@ -100,3 +112,8 @@ def correlation_id_of(payload: bytes | memoryview) -> int:
 
 def pack_correlation_id(correlation_id: int) -> bytes:
     return _CID.pack(correlation_id)
+
+
+def request_head(api_key: int, api_version: int) -> bytes:
+    """A request header's first 4 bytes, before the correlation id: api_key, api_version."""
+    return _KEY_VERSION.pack(api_key, api_version)

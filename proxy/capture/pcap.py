@@ -1,11 +1,13 @@
 """Import a tcpdump of direct client-to-broker Kafka traffic as a kfan capture.
 
 Traffic recorded without kfan (``tcpdump -w``) becomes rows of the capture
-format (:mod:`proxy.capture`), so the replay checks it like kfan's own: each
-TCP connection to one of the broker ports is reassembled per direction,
-cut into frames at the size prefixes, and each request paired with its
-response by correlation id (Kafka answers in order on a connection;
-``acks=0`` Produce gets none). Every exchange becomes one row whose single
+format (:class:`~proxy.capture.rows.CaptureRow`), so the replay checks it
+like kfan's own: each TCP connection to one of the broker ports is
+reassembled per direction, cut into frames by the one frame reader
+(:class:`proxy.kafka.frames.FrameReader`, sizes bounded as on the data
+path), and each request paired with its response by correlation id (Kafka
+answers in order on a connection; ``acks=0`` Produce gets none). Every
+exchange becomes one row whose single
 sub-request is the client's request to that broker, with the broker's
 answer, and whose topology is the cluster as the latest Metadata answer in
 the file (before the exchange, else the first after it) described it, with
@@ -18,7 +20,6 @@ number and drops retransmitted bytes; a stream with a hole ends at the hole.
 
 from __future__ import annotations
 
-import json
 import logging
 import socket
 from collections.abc import Iterable, Iterator
@@ -26,11 +27,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from backends.topology import Topology
+from proxy.core.topology import Topology
+from proxy.kafka import apis
+from proxy.kafka.frames import DEFAULT_MAX_FRAME_BYTES, MIN_REQUEST_FRAME, MIN_RESPONSE_FRAME, FrameReader
+from proxy.kafka.headers import decode_response, parse_request_header
+from proxy.kafka.wire import Malformed
 
-from .kafka import apis, schema
-from .kafka.headers import parse_request_header, response_body_offset
-from .kafka.wire import Malformed
+from .rows import CaptureRow, FileWriter, topology_document
 
 log = logging.getLogger("kfan.pcap")
 
@@ -85,17 +88,22 @@ def _time_at(times: list[tuple[int, int]], position: int) -> int:
     return ts
 
 
-def _frames(data: bytes, times: list[tuple[int, int]]) -> Iterator[tuple[bytes, int, int]]:
+def _frames(data: bytes, times: list[tuple[int, int]], min_frame_bytes: int) -> Iterator[tuple[bytes, int, int]]:
     """(payload, ts of first byte, ts of last byte) for every complete frame of a stream."""
-    pos = 0
-    while pos + 4 <= len(data):
-        size = int.from_bytes(data[pos : pos + 4], "big", signed=True)
-        if size < 0 or pos + 4 + size > len(data):
-            if size < 0:
-                log.warning("negative frame size at stream offset %d; the rest of the stream is skipped", pos)
+    reader = FrameReader(DEFAULT_MAX_FRAME_BYTES, min_frame_bytes)
+    reader.feed(data)
+    pos = 0  # where the next frame's size prefix starts in the stream
+    while True:
+        try:
+            payload = reader.next_frame()
+        except Malformed as e:
+            log.warning("stream offset %d: %s; the rest of the stream is skipped", pos, e)
             return
-        yield data[pos + 4 : pos + 4 + size], _time_at(times, pos), _time_at(times, pos + 3 + size)
-        pos += 4 + size
+        if payload is None:  # the stream ends (or has a hole) inside this frame
+            return
+        end = pos + 4 + len(payload)
+        yield payload, _time_at(times, pos), _time_at(times, end - 1)
+        pos = end
 
 
 def _packets(fileobj: BinaryIO) -> Iterator[tuple[int, Endpoint, Endpoint, int, bool, bytes]]:
@@ -156,9 +164,9 @@ def exchanges(packets: Iterable[tuple[int, Endpoint, Endpoint, int, bool, bytes]
     for (client, server), upstream in directions.items():
         if server[1] not in ports:
             continue
-        requests = list(_frames(*upstream.stream()))
+        requests = list(_frames(*upstream.stream(), MIN_REQUEST_FRAME))
         downstream = directions.get((server, client))
-        responses = list(_frames(*downstream.stream())) if downstream is not None else []
+        responses = list(_frames(*downstream.stream(), MIN_RESPONSE_FRAME)) if downstream is not None else []
         answers = iter(responses)
         pending = next(answers, None)
         for payload, ts_first, ts_last in requests:
@@ -187,12 +195,7 @@ def _topologies(found: list[Exchange]) -> list[tuple[int, Topology]]:
         if e.api_key != apis.METADATA or e.response is None:
             continue
         try:
-            body = schema.decode_body(
-                schema.response_spec(e.api_key, e.api_version),
-                e.response,
-                response_body_offset(e.response, e.api_key, e.api_version),
-                allow_trailing=True,
-            )
+            body = decode_response(e.response, e.api_key, e.api_version)
         except (Malformed, ValueError) as err:
             log.warning("a Metadata answer did not decode (%s); skipped", err)
             continue
@@ -218,13 +221,13 @@ def _resolves_to(host: str, address: str) -> bool:
         return False
 
 
-def rows(found: list[Exchange]) -> list[dict[str, Any]]:
-    """Capture rows (see proxy.capture.arrow_schema) for exchanges to a broker the Metadata names."""
+def rows(found: list[Exchange]) -> list[CaptureRow]:
+    """Capture rows for exchanges to a broker the Metadata names."""
     views = _topologies(found)
     if not views:
         raise ValueError("no Metadata answer in the capture: cannot tell brokers and leaders")
     final = views[-1][1]
-    out: list[dict[str, Any]] = []
+    out: list[CaptureRow] = []
     skipped = 0
     for e in found:
         before = [t for ts, t in views if ts <= e.ts_start]
@@ -234,21 +237,19 @@ def rows(found: list[Exchange]) -> list[dict[str, Any]]:
             skipped += 1
             continue
         broker = final.brokers[node]
-        doc = {**json.loads(topology.to_json()), "kfan": {"node_id": node, "host": broker.host, "port": broker.port}, "source": "pcap"}
         out.append(
-            {
-                "ts_start": e.ts_start,
-                "ts_end": e.ts_end,
-                "conn_id": f"pcap-{e.client[0]}:{e.client[1]}-{e.server[0]}:{e.server[1]}",
-                "api_key": e.api_key,
-                "api_version": e.api_version,
-                "correlation_id": e.correlation_id,
-                "request": e.request,
-                "response": e.response,
-                "subrequests": [{"broker": node, "request": e.request, "response": e.response}],
-                "topology": json.dumps(doc),
-                "records_scrubbed": False,
-            }
+            CaptureRow(
+                ts_start=e.ts_start,
+                ts_end=e.ts_end,
+                conn_id=f"pcap-{e.client[0]}:{e.client[1]}-{e.server[0]}:{e.server[1]}",
+                api_key=e.api_key,
+                api_version=e.api_version,
+                correlation_id=e.correlation_id,
+                request=e.request,
+                response=e.response,
+                subrequests=[(node, e.request, e.response)],
+                topology=topology_document(topology, node, broker.host, broker.port, source="pcap"),
+            )
         )
     if skipped:
         log.warning("%d exchanges went to an address no Metadata answer names as a broker; skipped", skipped)
@@ -257,13 +258,11 @@ def rows(found: list[Exchange]) -> list[dict[str, Any]]:
 
 def import_pcap(path: Path, ports: set[int], out: Path) -> int:
     """Write ``path``'s Kafka exchanges on ``ports`` as a capture in ``out``; the number of rows."""
-    from .capture import CaptureConfig, FileWriter
-
     with open(path, "rb") as f:
         found = exchanges(_packets(f), ports)
     imported = rows(found)
     out.mkdir(parents=True, exist_ok=True)
-    writer = FileWriter(CaptureConfig(out))
+    writer = FileWriter(out)
     try:
         if imported:
             writer.write(imported)

@@ -7,7 +7,7 @@ slow broker's data still arrives. One run measures the direct path and the
 path through kfan, and prints p50/p99 of produce-to-consume latency for both
 and their difference. Not a test: figures, not pass/fail on timing.
 
-    .venv/bin/python -m tests.bench_fetch_latency [--records 300]
+    .venv/bin/python -m tests.bench.bench_fetch_latency [--records 300]
 """
 
 from __future__ import annotations

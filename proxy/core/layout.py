@@ -15,7 +15,7 @@ from collections.abc import Callable, Hashable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from .kafka.schema import Struct, StructSpec
+from ..kafka.schema import Struct, StructSpec
 
 TopicKey = str | uuid.UUID
 TopicPartition = tuple[TopicKey, int]

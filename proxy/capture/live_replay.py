@@ -18,16 +18,18 @@ from __future__ import annotations
 import socket
 import struct
 from collections import defaultdict
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import routing
-from .kafka import schema
-from .kafka.frames import DEFAULT_MAX_FRAME_BYTES, MIN_RESPONSE_FRAME, FrameReader, frame
-from .kafka.headers import response_body_offset
-from .kafka.wire import Malformed
+from proxy.core import ROUTES
+from proxy.kafka.apis import api_name
+from proxy.kafka.frames import DEFAULT_MAX_FRAME_BYTES, MIN_RESPONSE_FRAME, FrameReader, frame
+from proxy.kafka.headers import decode_response
+from proxy.kafka.wire import Malformed
+
+from .rows import CaptureRow, read_rows
 
 # Fields that name what an entry answers for; kept in the compared structure.
 _NAMES = frozenset(
@@ -96,10 +98,10 @@ def _first_difference(a: Any, b: Any, path: str = "") -> str:
     return f"{path or '.'}: recorded {a!r}, now {b!r}"
 
 
-def _decode(payload: bytes, api_key: int, api_version: int) -> Any:
-    return schema.decode_body(
-        schema.response_spec(api_key, api_version), payload, response_body_offset(payload, api_key, api_version), allow_trailing=True
-    )
+def _read_only(api_key: int) -> bool:
+    """Asking it again changes nothing on the cluster (the route table says)."""
+    route = ROUTES.get(api_key)
+    return route is not None and route.read_only
 
 
 def _read_frame(sock: socket.socket, reader: FrameReader) -> bytes:
@@ -112,28 +114,28 @@ def _read_frame(sock: socket.socket, reader: FrameReader) -> bytes:
     return payload
 
 
-def _connections(rows: list[dict[str, Any]]) -> Iterator[tuple[str, list[dict[str, Any]]]]:
-    by_conn: dict[str, list[dict[str, Any]]] = defaultdict(list)
+def _connections(rows: Iterable[CaptureRow]) -> Iterator[tuple[str, list[CaptureRow]]]:
+    by_conn: dict[str, list[CaptureRow]] = defaultdict(list)
     for row in rows:
-        by_conn[row["conn_id"]].append(row)
+        by_conn[row.conn_id].append(row)
     for conn_id, exchanges in sorted(by_conn.items()):
-        yield conn_id, sorted(exchanges, key=lambda r: r["ts_start"])
+        yield conn_id, sorted(exchanges, key=lambda r: r.ts_start)
 
 
-def replay_live(rows: list[dict[str, Any]], target: tuple[str, int], apis: str = "all", timeout: float = 30.0) -> LiveReport:
+def replay_live(rows: Iterable[CaptureRow], target: tuple[str, int], apis: str = "all", timeout: float = 30.0) -> LiveReport:
     report = LiveReport()
     for conn_id, exchanges in _connections(rows):
-        chosen = [r for r in exchanges if r["request"] and (apis == "all" or r["api_key"] in routing.READ_ONLY)]
+        chosen = [r for r in exchanges if r.request and (apis == "all" or _read_only(r.api_key))]
         report.skipped += len(exchanges) - len(chosen)
         if not chosen:
             continue
         with socket.create_connection(target, timeout=timeout) as sock:
             reader = FrameReader(DEFAULT_MAX_FRAME_BYTES, MIN_RESPONSE_FRAME)
             for r in chosen:
-                key, version, cid = r["api_key"], r["api_version"], r["correlation_id"]
-                sock.sendall(frame([r["request"]]))
+                key, version, cid = r.api_key, r.api_version, r.correlation_id
+                sock.sendall(frame([r.request]))
                 report.sent += 1
-                if r["response"] is None:
+                if r.response is None:
                     continue
                 try:
                     answer = _read_frame(sock, reader)
@@ -144,7 +146,8 @@ def replay_live(rows: list[dict[str, Any]], target: tuple[str, int], apis: str =
                     report.mismatches.append(Mismatch(conn_id, cid, key, version, "answer carries another correlation id"))
                     break
                 try:
-                    recorded, now = structure(_decode(r["response"], key, version)), structure(_decode(answer, key, version))
+                    recorded = structure(decode_response(r.response, key, version))
+                    now = structure(decode_response(answer, key, version))
                 except (Malformed, ValueError) as e:
                     report.mismatches.append(Mismatch(conn_id, cid, key, version, f"answer does not decode: {e}"))
                     continue
@@ -154,14 +157,11 @@ def replay_live(rows: list[dict[str, Any]], target: tuple[str, int], apis: str =
 
 
 def run(capture: Path, target: tuple[str, int], apis: str) -> int:
-    from .capture import read_capture
-
-    rows = read_capture(capture).to_pylist()
-    report = replay_live(rows, target, apis)
+    report = replay_live(read_rows(capture), target, apis)
     print(
         f"kfan replay --target {target[0]}:{target[1]}: {report.sent} requests sent, {report.skipped} skipped "
         f"({apis}), {len(report.mismatches)} answers differ"
     )
     for m in report.mismatches[:20]:
-        print(f"  differs: {routing.api_name(m.api_key)} v{m.api_version} {m.conn_id}#{m.correlation_id}: {m.detail}")
+        print(f"  differs: {api_name(m.api_key)} v{m.api_version} {m.conn_id}#{m.correlation_id}: {m.detail}")
     return 1 if report.mismatches else 0

@@ -1,0 +1,109 @@
+"""One client connection's links to the brokers, and where its sub-requests go.
+
+Each client connection has its own links (a broker answers a connection's
+requests in order, and idempotent producers depend on that order per broker),
+opened lazily per broker and per :class:`Lane`: Fetch long-polls get a lane
+of their own so they never stall the connection's other requests. A failed
+link is replaced on next use. :meth:`LinkPool.resolve` turns a plan's
+destination (a broker, a coordinator, any broker) into a broker id.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Awaitable, Callable
+
+import trio
+
+from proxy.core import ANY_BROKER, Coordinator, Destination, Failed
+from proxy.core.topology import Broker
+
+from .cluster import Cluster, CoordinatorError
+from .link import Link
+
+# Opens a stream to a broker (TCP by default; tests hand memory streams).
+BrokerConnect = Callable[[Broker], Awaitable[trio.abc.Stream]]
+
+
+class Lane(enum.Enum):
+    MAIN = "main"
+    FETCH = "fetch"  # long-polls: a lane of their own
+
+
+class LinkPool:
+    def __init__(
+        self,
+        cluster: Cluster,
+        nursery: trio.Nursery,
+        *,
+        max_frame_bytes: int,
+        keep_requests: bool = False,
+        connect: BrokerConnect | None = None,
+    ) -> None:
+        self.cluster = cluster
+        self._nursery = nursery
+        self._max_frame_bytes = max_frame_bytes
+        self._keep_requests = keep_requests
+        self._connect = connect
+        self._links: dict[tuple[int, Lane], Link] = {}
+        self._default: int | None = None  # the broker this connection asks when any broker will do
+
+    async def resolve(self, destination: Destination) -> int | Failed | None:
+        """The broker a destination names; Failed when its coordinator cannot be found; None when no broker is known.
+
+        A coordinator lookup waits here, in the connection's reader: later
+        requests wait with it, so requests reach each broker in the client's order.
+        """
+        if isinstance(destination, Coordinator):
+            try:
+                return await self.cluster.coordinator(destination)
+            except CoordinatorError as e:
+                return Failed(e.code)
+        if destination is ANY_BROKER:
+            return self.default_broker()
+        assert isinstance(destination, int)
+        return destination
+
+    def default_broker(self) -> int | None:
+        if self._default is None or self._default not in self.cluster.topology.brokers:
+            self._default = self.cluster.any_broker()
+        return self._default
+
+    def default_failed(self, broker: int) -> None:
+        """The default broker failed: pick another next time."""
+        if self._default == broker:
+            self._default = None
+
+    def another_broker(self, failed: int | None) -> int | None:
+        """A broker other than ``failed`` (the new default), for a read-only request asked again."""
+        broker = self.cluster.any_broker(exclude=failed)
+        if broker is not None:
+            self._default = broker
+        return broker
+
+    def link(self, broker: int, lane: Lane) -> Link | None:
+        """The open link to ``broker`` on ``lane``, opened now if needed; None for a broker not in the topology."""
+        link = self._links.get((broker, lane))
+        if link is not None and link.failed is None:
+            return link
+        b = self.cluster.topology.brokers.get(broker)
+        if b is None:
+            return None
+        connect = None if self._connect is None else _bound(self._connect, b)
+        link = Link(broker, b.host, b.port, max_frame_bytes=self._max_frame_bytes, keep_requests=self._keep_requests, connect=connect)
+        self._links[(broker, lane)] = link
+        self._nursery.start_soon(link.run)
+        return link
+
+    def close(self, broker: int, lane: Lane) -> None:
+        """A hung broker: close its link, so the next request opens a fresh one."""
+        link = self._links.get((broker, lane))
+        if link is not None:
+            link.close()
+
+
+def _bound(connect: BrokerConnect, broker: Broker) -> Callable[[], Awaitable[trio.abc.Stream]]:
+    async def open_stream() -> trio.abc.Stream:
+        return await connect(broker)
+
+    return open_stream

@@ -1,0 +1,81 @@
+"""The sans-IO core: from a client request to a routing plan, and from broker
+answers to the client's response.
+
+Nothing here touches sockets, clocks or trio: the same code runs in the
+proxy, in unit and property tests, and in the Spark replay job. It imports
+only :mod:`proxy.kafka` (and the standard library and kio).
+
+- :mod:`.routes`: THE table, one row per API key; :func:`plan_request`.
+- :mod:`.plan`: the values exchanged with the I/O layer (plans, answers, replies, effects).
+- one module per policy: :mod:`.local`, :mod:`.leader` (with :mod:`.produce`
+  and :mod:`.fetch`), :mod:`.coordinator`, :mod:`.broadcast`, :mod:`.any_broker`;
+  :mod:`.identity` rewrites broker identity in answers.
+- :mod:`.topology`: the cluster snapshot routing works from; :mod:`.layout`:
+  the generic split and merge of partition-keyed messages.
+"""
+
+from .plan import (
+    ANY_BROKER,
+    NOT_YET,
+    AnyBroker,
+    BrokerAnswer,
+    BrokerUnavailable,
+    Context,
+    Coordinator,
+    Destination,
+    Effect,
+    Failed,
+    FetchForward,
+    FoldMetadata,
+    ForgetCoordinators,
+    Forward,
+    Identity,
+    KeyType,
+    LearnCoordinators,
+    LocalReply,
+    NeedCoordinators,
+    Plan,
+    RefreshTopology,
+    RememberWatermarks,
+    Reply,
+    Response,
+    Route,
+    SubRequest,
+    Unsupported,
+    Watermarks,
+)
+from .routes import ROUTES, advertised_versions, plan_request
+
+__all__ = [
+    "ANY_BROKER",
+    "NOT_YET",
+    "ROUTES",
+    "AnyBroker",
+    "BrokerAnswer",
+    "BrokerUnavailable",
+    "Context",
+    "Coordinator",
+    "Destination",
+    "Effect",
+    "Failed",
+    "FetchForward",
+    "FoldMetadata",
+    "ForgetCoordinators",
+    "Forward",
+    "Identity",
+    "KeyType",
+    "LearnCoordinators",
+    "LocalReply",
+    "NeedCoordinators",
+    "Plan",
+    "RefreshTopology",
+    "RememberWatermarks",
+    "Reply",
+    "Response",
+    "Route",
+    "SubRequest",
+    "Unsupported",
+    "Watermarks",
+    "advertised_versions",
+    "plan_request",
+]

@@ -1,0 +1,102 @@
+"""What every policy does the same way: build sub-requests from the client's
+bytes, and read the brokers' answers back (decoded, failed, or not yet in).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..kafka.headers import RequestHeader, response_body_offset
+from ..kafka.schema import Struct, decode_body, encode_body, request_spec, response_spec
+from ..kafka.wire import Malformed, Parts
+from .plan import Answers, BrokerUnavailable, Destination, Failed, NotYet, Response, SubRequest
+
+
+def whole(hdr: RequestHeader, payload: memoryview, expect_response: bool = True) -> SubRequest:
+    """The client's own bytes; only the correlation id will change."""
+    return SubRequest(hdr.api_key, hdr.api_version, [payload[8:]], expect_response)
+
+
+def reencoded(hdr: RequestHeader, payload: memoryview, request: Struct, expect_response: bool = True) -> SubRequest:
+    """The client's header with a body of our making."""
+    tail: Parts = [payload[8 : hdr.body_offset]]
+    tail.extend(encode_body(request_spec(hdr.api_key, hdr.api_version), request))
+    return SubRequest(hdr.api_key, hdr.api_version, tail, expect_response)
+
+
+def decode_answer(hdr: RequestHeader, payload: memoryview | bytes) -> Struct:
+    spec = response_spec(hdr.api_key, hdr.api_version)
+    return decode_body(spec, payload, response_body_offset(payload, hdr.api_key, hdr.api_version), allow_trailing=True)
+
+
+def passthrough_body(hdr: RequestHeader, payload: memoryview | bytes) -> Parts:
+    """A broker's response body as it sent it (only the header is ours)."""
+    return [memoryview(payload)[response_body_offset(payload, hdr.api_key, hdr.api_version) :]]
+
+
+@dataclass(slots=True)
+class Decoded:
+    """The brokers' answers sorted: decoded bodies, failure codes, and those not in yet."""
+
+    bodies: dict[Destination, Struct] = field(default_factory=dict)
+    failed: dict[Destination, int] = field(default_factory=dict)
+    waiting: set[Destination] = field(default_factory=set)
+
+
+def decode_answers(hdr: RequestHeader, answers: Answers, failure_code: int) -> Decoded:
+    """Each broker's answer decoded, or its failure code.
+
+    An answer that does not decode is that broker's failure (``failure_code``),
+    not the request's: the other brokers' parts are answered as usual.
+    """
+    out = Decoded()
+    for destination, answer in answers.items():
+        if isinstance(answer, Response):
+            try:
+                out.bodies[destination] = decode_answer(hdr, answer.payload)
+            except Malformed:
+                out.failed[destination] = failure_code
+        elif isinstance(answer, Failed):
+            out.failed[destination] = answer.code
+        else:
+            assert isinstance(answer, NotYet)
+            out.waiting.add(destination)
+    return out
+
+
+def error_codes(value: Any) -> list[int]:
+    """Every error code anywhere in a decoded message."""
+    out: list[int] = []
+    if isinstance(value, dict):
+        for k, v in value.items():
+            # Unknown tagged fields sit under int keys (schema.TAGS): not error codes.
+            if isinstance(k, str) and k.endswith("error_code") and isinstance(v, int):
+                out.append(v)
+            elif isinstance(v, (dict, list)):
+                out.extend(error_codes(v))
+    elif isinstance(value, list):
+        for v in value:
+            if isinstance(v, (dict, list)):
+                out.extend(error_codes(v))
+    return out
+
+
+def error_body(hdr: RequestHeader, code: int) -> Parts:
+    """A response carrying ``code`` at top level, for APIs that have one."""
+    spec = response_spec(hdr.api_key, hdr.api_version)
+    if not spec.has("error_code"):
+        raise BrokerUnavailable(f"api_key {hdr.api_key} has no top-level error code to report {code}")
+    body = spec.blank()
+    body["error_code"] = code
+    return encode_body(spec, body)
+
+
+def fold_top_level(bodies: Iterable[Struct], error: int = 0) -> tuple[int, int]:
+    """The merged throttle (the longest) and top-level error (the first) of several answers."""
+    throttle = 0
+    for d in bodies:
+        throttle = max(throttle, d.get("throttle_time", 0))
+        error = error or d.get("error_code", 0)
+    return throttle, error

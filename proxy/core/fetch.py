@@ -1,0 +1,330 @@
+"""Fetch's own rules, on top of the split by leader: everything about when and
+how a Fetch is answered lives here, as pure objects the I/O layer drives.
+
+- Planning: fetch sessions are per broker and cannot fan out, so kfan never
+  hands one out; sub-fetches are sessionless.
+- Merging: the client's ``max_bytes`` budget holds for the merged answer;
+  partitions whose broker has not answered yet report the watermarks that
+  broker last gave (clients compute lag and end-of-partition from them).
+- :class:`FetchWait`: when one Fetch is answered. As a broker would: once
+  ``min_bytes`` of records (or an error) are in, or at ``max_wait``; a
+  sub-fetch still long-polling an idle broker does not hold back data another
+  broker returned. An earlier Fetch's sub-fetch that comes back empty within
+  this one's ``max_wait`` is asked again, as a broker keeps waiting.
+- :class:`InflightFetches`: per connection, the sub-fetch in flight to each
+  broker that no client answer used yet, reused by the next Fetch that asks
+  the same (so a slow broker's data arrives at all while a fast one keeps
+  answering first).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Hashable, Mapping
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
+
+from ..kafka import errors
+from ..kafka.headers import RequestHeader
+from ..kafka.schema import Struct, encode_body, response_spec
+from ..kafka.wire import Malformed, Parts
+from . import leader
+from .answers import decode_answer
+from .layout import Layout, TopicPartition
+from .plan import (
+    NOT_YET,
+    Answers,
+    BrokerAnswer,
+    BrokerFailure,
+    Context,
+    Destination,
+    Failed,
+    FetchForward,
+    LocalReply,
+    Plan,
+    RememberWatermarks,
+    Reply,
+    Response,
+    Route,
+    Watermarks,
+)
+
+# A failed broker's partitions get NOT_LEADER_OR_FOLLOWER, which every
+# consumer handles quietly by refreshing metadata and fetching again (the
+# Java consumer throws on codes it does not expect; librdkafka hands
+# NETWORK_EXCEPTION to the application as a consumer error).
+FAILURE = BrokerFailure(written=errors.NOT_LEADER_OR_FOLLOWER, unwritten=errors.NOT_LEADER_OR_FOLLOWER)
+
+_WATERMARKS = ("high_watermark", "last_stable_offset", "log_start_offset")
+
+
+def plan(route: Route, ctx: Context, hdr: RequestHeader, payload: memoryview, request: Struct) -> Plan:
+    if request.get("session_id", 0) != 0 and request.get("session_epoch", -1) > 0:
+        # We never hand out fetch sessions, so an incremental fetch names a session we do not know.
+        return LocalReply(hdr, True, _session_error(hdr))
+    rewritten = request.get("session_id", 0) != 0 or request.get("session_epoch", -1) != -1
+    request = {**request, "session_id": 0, "session_epoch": -1, "forgotten_topics_data": []}
+    found = leader.split(route, ctx, hdr, request)
+    assert route.merge is not None
+    forward = FetchForward(
+        hdr,
+        True,
+        route,
+        ctx,
+        request,
+        leader.sub_requests(hdr, payload, found, True, rewritten),
+        route.merge,
+        state=found,
+        unknown_topics=found.unknown_topics(),
+        min_bytes=request["min_bytes"],
+        keys={d: fetch_key(sub, found.request_layout) for d, sub in found.by_leader.items()},
+        partitions={d: frozenset(found.request_layout.keys(sub)) for d, sub in found.by_leader.items()},
+    )
+    return forward if forward.subs else leader.unroutable_reply(forward)
+
+
+def _session_error(hdr: RequestHeader) -> Parts:
+    spec = response_spec(hdr.api_key, hdr.api_version)
+    body = spec.blank()
+    body.update(error_code=errors.FETCH_SESSION_ID_NOT_FOUND, session_id=0, responses=[])
+    return encode_body(spec, body)
+
+
+def fetch_key(sub: Struct, layout: Layout) -> Hashable:
+    """What a sub-fetch asks for, whatever the order of its partitions.
+
+    Clients rotate partition order between Fetches for fairness; two
+    sub-fetches with equal keys get equal answers from the broker.
+    """
+
+    def frozen(value: Any) -> Hashable:
+        if isinstance(value, dict):
+            return tuple(sorted((k, frozen(v)) for k, v in value.items()))
+        if isinstance(value, list):
+            return tuple(frozen(v) for v in value)
+        return value
+
+    partitions = frozenset((key, frozen(p)) for key, p in layout.entries(sub))
+    rest = frozen({k: v for k, v in sub.items() if k != layout.topics})
+    return rest, partitions
+
+
+def merge(plan: FetchForward, answers: Answers) -> Reply:  # type: ignore[override]
+    body, reply, decoded = leader.merge_partitions(plan, answers)
+    found: leader.LeaderSplit = plan.state
+    waiting = {tp for tp, d in found.leader_of.items() if d in decoded.waiting}
+    seen = _finish(body, found.request, found.response_layout, decoded.bodies, waiting, plan.ctx.watermarks)
+    if seen:
+        reply.effects.append(RememberWatermarks(seen))
+    reply.body = encode_body(response_spec(plan.header.api_key, plan.header.api_version), body)
+    return reply
+
+
+def _watermarks_of(answer: Struct, layout: Layout) -> dict[TopicPartition, Watermarks]:
+    """The watermarks of every error-free partition of a decoded Fetch answer."""
+    return {
+        (t[layout.topic_key], p["partition_index"]): tuple(p.get(m, -1) for m in _WATERMARKS)  # type: ignore[misc]
+        for t in answer[layout.topics]
+        for p in t[layout.partitions]
+        if p["error_code"] == 0
+    }
+
+
+def answer_watermarks(plan: FetchForward, answer: BrokerAnswer) -> dict[TopicPartition, Watermarks]:
+    """The watermarks a broker's Fetch answer carries (none when it failed)."""
+    if not isinstance(answer, Response):
+        return {}
+    found: leader.LeaderSplit = plan.state
+    try:
+        return _watermarks_of(decode_answer(plan.header, answer.payload), found.response_layout)
+    except Malformed:
+        return {}
+
+
+def _finish(
+    body: Struct,
+    request: Struct,
+    layout: Layout,
+    decoded: Mapping[Any, Struct],
+    waiting: set[TopicPartition],
+    watermarks: Mapping[TopicPartition, Watermarks],
+) -> dict[TopicPartition, Watermarks]:
+    """Session, error and budget of the merged Fetch; the watermarks its answers carried.
+
+    A partition whose broker has not answered yet reports the watermarks that
+    broker last gave for it: "unknown" (-1) would be a lie a broker never tells.
+    """
+    seen: dict[TopicPartition, Watermarks] = {}
+    for d in decoded.values():
+        seen.update(_watermarks_of(d, layout))
+    for t in body[layout.topics]:
+        for p in t[layout.partitions]:
+            tp = (t[layout.topic_key], p["partition_index"])
+            if tp in waiting and tp in watermarks:
+                for name, value in zip(_WATERMARKS, watermarks[tp], strict=True):
+                    if name in p:  # older versions lack the later ones
+                        p[name] = value
+    body["session_id"] = 0
+    body["error_code"] = next((d["error_code"] for d in decoded.values() if d.get("error_code")), 0)
+    # The merged response honours the client's budget, not N brokers' budgets.
+    # Records beyond it are dropped whole; the consumer fetches them next time
+    # from the same offset. The first non-empty partition always goes (KIP-74).
+    budget = request["max_bytes"]
+    used = 0
+    for t in body[layout.topics]:
+        for p in t[layout.partitions]:
+            records = p.get("records")
+            if not records:
+                continue
+            n = len(records)
+            if used and used + n > budget:
+                p["records"] = b""
+            else:
+                used += n
+    return seen
+
+
+def satisfied(hdr: RequestHeader, answers: Answers, min_bytes: int) -> bool:
+    """Would a broker answer this Fetch now: ``min_bytes`` of records in, or an error to report?"""
+    total = 0
+    for answer in answers.values():
+        if isinstance(answer, Failed):
+            return True
+        if not isinstance(answer, Response):
+            continue
+        try:
+            decoded = decode_answer(hdr, answer.payload)
+        except Malformed:
+            return True  # a failure to report for that broker's partitions
+        if decoded.get("error_code"):
+            return True
+        for t in decoded["responses"]:
+            for p in t["partitions"]:
+                if p["error_code"]:
+                    return True
+                total += len(p["records"] or b"")
+    return total >= max(min_bytes, 1)
+
+
+# --- when a Fetch is answered -------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class AskAgain:
+    """An earlier Fetch's sub-fetch came back empty inside this Fetch's max_wait:
+    send it again (its watermarks are news all the same)."""
+
+    destination: Destination
+    watermarks: Mapping[TopicPartition, Watermarks]
+
+
+class FetchWait:
+    """When one Fetch is answered: a pure state machine over answers and time.
+
+    ``fresh``: the sub-fetches sent for this Fetch (others were still out from
+    an earlier one and are reused). They get ``grace`` past the Fetch's
+    max_wait (a broker's answer may lag it by the network); older ones none.
+    Those still out at the end answer :data:`NOT_YET` and stay for the
+    client's next Fetch.
+    """
+
+    def __init__(
+        self,
+        plan: FetchForward,
+        now: float,
+        max_wait: float,
+        grace: float,
+        outstanding: set[Destination],
+        fresh: set[Destination],
+        answers: Mapping[Destination, BrokerAnswer] | None = None,
+    ) -> None:
+        self.plan = plan
+        self.soft = now + max_wait
+        self.hard = self.soft + grace
+        self.outstanding = set(outstanding)
+        self.fresh = set(fresh)
+        self.answers: dict[Destination, BrokerAnswer] = dict(answers or {})
+
+    def answered(self, destination: Destination, answer: BrokerAnswer, now: float) -> AskAgain | None:
+        """Take one broker's answer; an :class:`AskAgain` when it should be asked again instead."""
+        self.outstanding.discard(destination)
+        if destination not in self.fresh and now < self.soft and not satisfied(self.plan.header, {destination: answer}, 1):
+            return AskAgain(destination, answer_watermarks(self.plan, answer))
+        self.answers[destination] = answer
+        return None
+
+    def asked_again(self, destination: Destination) -> None:
+        self.fresh.add(destination)
+        self.outstanding.add(destination)
+
+    def keep(self, destination: Destination, answer: BrokerAnswer) -> None:
+        """It could not be asked again: its answer stands."""
+        self.answers[destination] = answer
+
+    def wake_at(self, now: float) -> float | None:
+        """When to look again if no answer comes; None: answer the client now."""
+        if not self.outstanding or now >= self.hard:
+            return None
+        if self.answers and satisfied(self.plan.header, self.answers, self.plan.min_bytes):
+            # Answered early only if every partition still out has watermarks
+            # to report (see _finish); at first, wait for all.
+            known = self.plan.ctx.watermarks.keys()
+            if all(self.plan.partitions[d] <= known for d in self.outstanding):
+                return None
+        if now >= self.soft and not self.outstanding & self.fresh:
+            return None
+        return self.soft if now < self.soft else self.hard
+
+    def final(self) -> dict[Destination, BrokerAnswer]:
+        """Every destination's answer; those still out are :data:`NOT_YET`."""
+        return {d: self.answers.get(d, NOT_YET) for d in self.plan.subs}
+
+
+H = TypeVar("H")
+
+
+@dataclass(frozen=True, slots=True)
+class Reuse(Generic[H]):
+    handle: H
+    hung: bool  # far past any max_wait: close its link, which fails it (a retriable error)
+
+
+class InflightFetches(Generic[H]):
+    """Per client connection, the sub-fetch out to each broker that no client answer used yet.
+
+    ``done_at(handle)``: when its answer came (None: not yet), on the caller's clock.
+    """
+
+    def __init__(self, done_at: Callable[[H], float | None], ttl: float) -> None:
+        self._done_at = done_at
+        self._ttl = ttl  # how long an answered, unused sub-fetch may stand in for a new one
+        self._by_broker: dict[int, tuple[Hashable, H, float]] = {}
+
+    def reusable(self, broker: int, wanted: Hashable, now: float, hung_after: float) -> Reuse[H] | None:
+        """The sub-fetch already out to ``broker`` for exactly these partitions and offsets."""
+        entry = self._by_broker.get(broker)
+        if entry is None:
+            return None
+        key, handle, sent_at = entry
+        done_at = self._done_at(handle)
+        if done_at is None and now - sent_at > hung_after:
+            del self._by_broker[broker]
+            return Reuse(handle, hung=True)
+        if (done_at is None or now - done_at < self._ttl) and key == wanted:
+            return Reuse(handle, hung=False)
+        del self._by_broker[broker]
+        return None
+
+    def record(self, broker: int, key: Hashable, handle: H, now: float) -> None:
+        self._by_broker[broker] = (key, handle, now)
+
+    def settle(self, handles: Mapping[Destination, H | Failed], answers: Mapping[Destination, BrokerAnswer]) -> None:
+        """A sub-fetch whose answer went to the client is spent; one still out stays for the next Fetch."""
+        for destination, handle in handles.items():
+            if answers.get(destination) is NOT_YET or not isinstance(destination, int):
+                continue
+            entry = self._by_broker.get(destination)
+            if entry is not None and entry[1] is handle:
+                del self._by_broker[destination]
+
+    def __len__(self) -> int:
+        return len(self._by_broker)

@@ -1,0 +1,172 @@
+"""Hiding the brokers behind kfan: every rewrite of broker identity in an
+answer, one function per API (Kroxylicious' NodeIdResponseTranslator).
+
+Clients see one broker, kfan: leaders, replicas, controllers, coordinators
+and broker lists in answers are rewritten to name it. The truth each answer
+carried goes to the I/O layer as effects (a Metadata answer to fold into the
+topology, coordinators learned), never to the client.
+"""
+
+from __future__ import annotations
+
+from ..kafka import errors
+from ..kafka.schema import Struct, StructSpec
+from .layout import Layout
+from .plan import Coordinator, Effect, FoldMetadata, Identity, KeyType, LearnCoordinators, RefreshTopology
+
+# The rewrites an any-broker route names: (kfan, the client's request, the
+# decoded answer, the answer's schema) -> (the client's answer, effects).
+
+
+def metadata(identity: Identity, request: Struct, response: Struct, spec: StructSpec) -> tuple[Struct, list[Effect]]:
+    return rewrite_metadata(identity, response, _broker_blank(spec)), [FoldMetadata(response)]
+
+
+def find_coordinator(identity: Identity, request: Struct, response: Struct, spec: StructSpec) -> tuple[Struct, list[Effect]]:
+    body, learned = rewrite_find_coordinator(identity, request, response)
+    return body, [LearnCoordinators(learned)] if learned else []
+
+
+def describe_cluster(identity: Identity, request: Struct, response: Struct, spec: StructSpec) -> tuple[Struct, list[Effect]]:
+    return rewrite_describe_cluster(identity, response, _broker_blank(spec)), []
+
+
+def describe_topic_partitions(identity: Identity, request: Struct, response: Struct, spec: StructSpec) -> tuple[Struct, list[Effect]]:
+    return {**response, "topics": _topics_as_kfan(identity.node_id, response["topics"])}, []
+
+
+def list_partition_reassignments(identity: Identity, request: Struct, response: Struct, spec: StructSpec) -> tuple[Struct, list[Effect]]:
+    return {**response, "topics": _topics_as_kfan(identity.node_id, response["topics"])}, []
+
+
+def partitions(identity: Identity, body: Struct, layout: Layout) -> list[Effect]:
+    """Leader-split answers (Produce, Fetch, ...): hide broker identity in partition entries.
+
+    A partition answering a leadership error means the topology is stale: refresh it.
+    """
+    leaders_named = False
+    stale = False
+    for t in body[layout.topics]:
+        for p in t[layout.partitions]:
+            if not isinstance(p, dict):
+                continue
+            if p.get("error_code", 0) in errors.LEADERSHIP:
+                stale = True
+            if "preferred_read_replica" in p:
+                p["preferred_read_replica"] = -1
+            cl = p.get("current_leader")
+            if cl is not None and cl.get("leader_id", -1) >= 0:
+                p["current_leader"] = {**cl, "leader_id": identity.node_id}
+                leaders_named = True
+    if "node_endpoints" in body or leaders_named:
+        if leaders_named:
+            body["node_endpoints"] = [{"node_id": identity.node_id, "host": identity.host, "port": identity.port, "rack": None}]
+        else:
+            body.pop("node_endpoints", None)
+    return [RefreshTopology()] if stale else []
+
+
+def _broker_blank(spec: StructSpec) -> Struct:
+    broker = spec.field("brokers").struct
+    assert broker is not None
+    return broker.blank()
+
+
+def _broker_entry(identity: Identity, base: Struct | None, id_field: str = "node_id") -> Struct:
+    """kfan as a broker entry; ``base`` supplies the version's other fields (DescribeCluster v2 is_fenced)."""
+    entry = {**(base or {}), id_field: identity.node_id, "host": identity.host, "port": identity.port, "rack": None}
+    if "is_fenced" in entry:
+        entry["is_fenced"] = False
+    return entry
+
+
+# Partition fields listing broker ids (Metadata, DescribeTopicPartitions, reassignments).
+_NODE_LISTS = (
+    "replica_nodes",
+    "isr_nodes",
+    "offline_replicas",
+    "eligible_leader_replicas",
+    "last_known_elr",
+    "replicas",
+    "adding_replicas",
+    "removing_replicas",
+)
+
+
+def _partition_as_kfan(node: int, p: Struct) -> Struct:
+    q = dict(p)
+    if q.get("leader_id", -1) >= 0:
+        q["leader_id"] = node
+    for name in _NODE_LISTS:
+        if q.get(name):
+            # Keep the count (it is the replication factor tools show).
+            q[name] = [node] * len(q[name])
+    return q
+
+
+def _topics_as_kfan(node: int, topics: list[Struct]) -> list[Struct]:
+    return [{**t, "partitions": [_partition_as_kfan(node, p) for p in t["partitions"]]} for t in topics]
+
+
+def rewrite_metadata(identity: Identity, response: Struct, broker_base: Struct | None = None) -> Struct:
+    """kfan as the only broker: every leader, replica and controller is kfan.
+
+    Except a leader that is not among the answer's brokers: Metadata lists live
+    brokers only, so that partition's leader is down and kfan cannot reach it
+    either. It is reported as Kafka reports an offline partition (no leader,
+    LEADER_NOT_AVAILABLE), so that clients wait for a leader instead of
+    sending kfan requests it can only refuse.
+    """
+    out = dict(response)
+    live = {b["node_id"] for b in response["brokers"]}
+    out["brokers"] = [_broker_entry(identity, broker_base)]
+    if "controller_id" in out:
+        out["controller_id"] = identity.node_id
+    topics = [{**t, "partitions": [_without_absent_leader(p, live) for p in t["partitions"]]} for t in response["topics"]]
+    out["topics"] = _topics_as_kfan(identity.node_id, topics)
+    return out
+
+
+def _without_absent_leader(p: Struct, live: set[int]) -> Struct:
+    if p.get("leader_id", -1) < 0 or p["leader_id"] in live:
+        return p
+    return {**p, "leader_id": -1, "error_code": p.get("error_code") or errors.LEADER_NOT_AVAILABLE}
+
+
+# Config resources that name a broker: BROKER and BROKER_LOGGER (Kafka's ConfigResource.Type).
+BROKER_RESOURCES = frozenset({4, 8})
+
+
+def rewrite_config_resources(response: Struct, array: str, stand_in: str, kfan_name: str) -> Struct:
+    """The stand-in broker's answers about itself become answers about kfan."""
+    entries = [
+        {**r, "resource_name": kfan_name} if r["resource_type"] in BROKER_RESOURCES and r["resource_name"] == stand_in else r
+        for r in response[array]
+    ]
+    return {**response, array: entries}
+
+
+def rewrite_find_coordinator(identity: Identity, request: Struct, response: Struct) -> tuple[Struct, dict[Coordinator, int]]:
+    """Name kfan as the coordinator; return the real ones, learned on the way."""
+    key_type = request.get("key_type", 0)
+    learned: dict[Coordinator, int] = {}
+
+    def fix(entry: Struct, key: str) -> Struct:
+        e = dict(entry)
+        if e["error_code"] == 0:
+            learned[Coordinator(KeyType(key_type), key)] = e["node_id"]
+            e.update(node_id=identity.node_id, host=identity.host, port=identity.port)
+        else:
+            e.update(node_id=-1, host="", port=-1)
+        return e
+
+    if "coordinators" in response:
+        return {**response, "coordinators": [fix(c, c["key"]) for c in response["coordinators"]]}, learned
+    return fix(response, request["key"]), learned
+
+
+def rewrite_describe_cluster(identity: Identity, response: Struct, broker_base: Struct | None = None) -> Struct:
+    out = dict(response)
+    out["brokers"] = [_broker_entry(identity, broker_base, "broker_id")]
+    out["controller_id"] = identity.node_id
+    return out

@@ -1,0 +1,160 @@
+"""Split by partition leader: Produce, Fetch, ListOffsets, OffsetForLeaderEpoch,
+DeleteRecords, DescribeProducers.
+
+A request naming partitions is split into one sub-request per leading broker
+(client order kept within each), and the answers are merged back into one
+entry per requested partition, in the client's order. Partitions with no
+known leader are answered at once with a per-partition error, and the
+topology is refreshed. Where the partitions sit in each API's messages is the
+``layout`` column of its route; Produce and Fetch add rules of their own
+(:mod:`.produce`, :mod:`.fetch`).
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass, field
+from functools import cache
+
+from ..kafka import errors
+from ..kafka.headers import RequestHeader
+from ..kafka.schema import Struct, encode_body, request_spec, response_spec
+from . import identity, layout
+from .answers import Decoded, decode_answers, reencoded, whole
+from .layout import Layout, TopicKey, TopicPartition
+from .plan import Answers, Context, Destination, Forward, LocalReply, PartitionFields, Plan, RefreshTopology, Reply, Route
+from .topology import Topology
+
+
+@cache
+def layouts(fields: PartitionFields, api_key: int, api_version: int) -> tuple[Layout, Layout]:
+    """The request's and the response's :class:`Layout` for one version."""
+    return (
+        Layout.of(request_spec(api_key, api_version), *fields.request),
+        Layout.of(response_spec(api_key, api_version), *fields.response),
+    )
+
+
+def layouts_of(route: Route, api_version: int) -> tuple[Layout, Layout]:
+    assert route.layout is not None
+    return layouts(route.layout, route.api, api_version)
+
+
+def topic_name(topology: Topology, key: TopicKey) -> str | None:
+    return topology.topic_name(key) if isinstance(key, uuid.UUID) else key
+
+
+@dataclass(slots=True)
+class LeaderSplit:
+    """A request split by leader: what the merge needs to answer every partition."""
+
+    request: Struct  # as sent (a Fetch's is rewritten to be sessionless)
+    request_layout: Layout
+    response_layout: Layout
+    by_leader: dict[Destination, Struct] = field(default_factory=dict)  # the sub-request bodies
+    leader_of: dict[TopicPartition, Destination] = field(default_factory=dict)
+    unroutable: dict[TopicPartition, int] = field(default_factory=dict)  # -> the error it is answered with
+
+    def unknown_topics(self) -> set[TopicKey]:
+        """Topics the topology does not know (a refresh may find them), as opposed to leaderless ones."""
+        return {tp[0] for tp, code in self.unroutable.items() if code != errors.NOT_LEADER_OR_FOLLOWER}
+
+
+def split(route: Route, ctx: Context, hdr: RequestHeader, request: Struct) -> LeaderSplit:
+    topology = ctx.topology
+    request_layout, response_layout = layouts_of(route, hdr.api_version)
+
+    def leader(key: TopicKey, partition: int) -> int | None:
+        name = topic_name(topology, key)
+        return None if name is None else topology.leader(name, partition)
+
+    by_leader, unroutable = layout.split(request, request_layout, leader)
+    out = LeaderSplit(request, request_layout, response_layout, by_leader)  # type: ignore[arg-type]
+    for tp in unroutable:
+        name = topic_name(topology, tp[0])
+        if name is not None and topology.knows_topic(name):
+            out.unroutable[tp] = errors.NOT_LEADER_OR_FOLLOWER
+        else:
+            out.unroutable[tp] = errors.UNKNOWN_TOPIC_ID if isinstance(tp[0], uuid.UUID) else errors.UNKNOWN_TOPIC_OR_PARTITION
+    for destination, sub in by_leader.items():
+        for tp in request_layout.keys(sub):
+            out.leader_of[tp] = destination  # type: ignore[assignment]
+    return out
+
+
+def sub_requests(hdr: RequestHeader, payload: memoryview, split: LeaderSplit, expect: bool, rewritten: bool = False) -> dict:
+    """One sub-request per leader; the client's own bytes when one leader has it all, unchanged."""
+    if len(split.by_leader) == 1 and not split.unroutable and not rewritten:
+        return {d: whole(hdr, payload, expect) for d in split.by_leader}
+    return {d: reencoded(hdr, payload, sub, expect) for d, sub in split.by_leader.items()}
+
+
+def plan(route: Route, ctx: Context, hdr: RequestHeader, payload: memoryview, request: Struct) -> Plan:
+    return plan_split(route, ctx, hdr, payload, split(route, ctx, hdr, request), expect=True)
+
+
+def plan_split(route: Route, ctx: Context, hdr: RequestHeader, payload: memoryview, found: LeaderSplit, expect: bool) -> Plan:
+    assert route.merge is not None
+    forward = Forward(
+        hdr,
+        expect,
+        route,
+        ctx,
+        found.request,
+        sub_requests(hdr, payload, found, expect),
+        route.merge,
+        state=found,
+        unknown_topics=found.unknown_topics(),
+    )
+    return forward if forward.subs else unroutable_reply(forward)
+
+
+def unroutable_reply(forward: Forward) -> LocalReply:
+    """Nothing routable: answer at once with per-partition errors."""
+    reply = forward.merge(forward, {})
+    return LocalReply(forward.header, forward.expect_response, reply.body if forward.expect_response else [], reply.errors, forward.unknown_topics)
+
+
+def merge(plan: Forward, answers: Answers) -> Reply:
+    body, reply, _ = merge_partitions(plan, answers)
+    reply.body = encode_body(response_spec(plan.header.api_key, plan.header.api_version), body)
+    return reply
+
+
+def merge_partitions(plan: Forward, answers: Answers) -> tuple[Struct, Reply, Decoded]:
+    """The merged response (decoded, to be finished by the caller), its effects, and the answers as read."""
+    found: LeaderSplit = plan.state
+    hdr = plan.header
+    # An undecodable answer may still have been acted on (a Produce written).
+    decoded = decode_answers(hdr, answers, plan.route.failure.code(written=True))
+    response_layout = found.response_layout
+
+    def error_of(tp: TopicPartition) -> int:
+        if tp in found.unroutable:
+            return found.unroutable[tp]
+        leader = found.leader_of.get(tp)
+        if leader in decoded.waiting:
+            return errors.NONE  # not in yet: "no data yet", as an idle broker answers
+        return decoded.failed.get(leader, errors.NETWORK_EXCEPTION)  # type: ignore[arg-type]
+
+    topics = layout.merge(found.request, found.request_layout, decoded.bodies, response_layout, error_of)
+    bodies = decoded.bodies
+    body: Struct = dict(next(iter(bodies.values()))) if bodies else response_spec(hdr.api_key, hdr.api_version).blank()
+    body[response_layout.topics] = topics
+    if "throttle_time" in body:
+        body["throttle_time"] = max((d.get("throttle_time", 0) for d in bodies.values()), default=0)
+    reply = Reply([])
+    for destination, d in bodies.items():
+        for _, p in response_layout.entries(d):
+            if isinstance(p, dict) and (code := p.get("error_code", 0)):
+                reply.errors[(code, destination)] += 1  # type: ignore[index]
+    for destination, code in decoded.failed.items():
+        reply.errors[(code, destination)] += 1  # type: ignore[index]
+    for code in found.unroutable.values():
+        reply.errors[(code, -1)] += 1
+    if found.unroutable or decoded.failed:
+        reply.effects.append(RefreshTopology())
+    for effect in identity.partitions(plan.ctx.identity, body, response_layout):
+        if effect not in reply.effects:
+            reply.effects.append(effect)
+    return body, reply, decoded

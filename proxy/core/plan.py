@@ -1,0 +1,304 @@
+"""The values the core hands to the I/O layer and takes back from it.
+
+A client request becomes a :data:`Plan`: a :class:`LocalReply` (answered by
+kfan), :class:`NeedCoordinators` (look these up, then plan again) or a
+:class:`Forward` (sub-requests per :data:`Destination`, plus the named merge
+that turns the brokers' answers into the client's response). Each broker
+answer is a :data:`BrokerAnswer`: a :class:`Response`, a :class:`Failed`
+code, or :data:`NOT_YET` (a sub-fetch still out when a Fetch is answered).
+A merge returns a :class:`Reply`: the response body plus :data:`Effect`
+values the I/O layer applies (fold metadata, learn or forget coordinators,
+refresh the topology, remember watermarks). Nothing here does I/O.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections import Counter
+from collections.abc import Callable, Hashable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+from ..kafka import errors
+from ..kafka.headers import RequestHeader
+from ..kafka.schema import Struct
+from ..kafka.wire import Parts
+from .layout import TopicKey, TopicPartition
+from .topology import Topology
+
+
+class Unsupported(Exception):
+    """A request kfan does not serve: the connection is closed, as a broker does."""
+
+
+class BrokerUnavailable(Exception):
+    """A broker failure that no error code in the response can express: close the client connection."""
+
+
+@dataclass(frozen=True, slots=True)
+class Identity:
+    """kfan as its clients see it: one broker."""
+
+    node_id: int
+    host: str
+    port: int
+
+
+class KeyType(enum.IntEnum):
+    """FindCoordinator's key_type."""
+
+    GROUP = 0
+    TRANSACTION = 1
+
+
+@dataclass(frozen=True, slots=True)
+class Coordinator:
+    """The coordinator of a group or transaction, not yet resolved to a broker."""
+
+    key_type: KeyType
+    key: str
+
+
+class AnyBroker:
+    """Any live broker will do: the I/O layer picks one (and another when it fails)."""
+
+    def __repr__(self) -> str:
+        return "ANY_BROKER"
+
+
+ANY_BROKER = AnyBroker()
+Destination = int | Coordinator | AnyBroker
+
+
+@dataclass(frozen=True, slots=True)
+class SubRequest:
+    """A request for one broker; the link adds api key/version and its own correlation id."""
+
+    api_key: int
+    api_version: int
+    tail: Parts  # everything after the correlation id: client_id, header tags, body
+    expect_response: bool
+
+
+# --- a broker's answer ---------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Response:
+    """A broker's response frame (without its size prefix)."""
+
+    payload: bytes | memoryview
+
+
+@dataclass(frozen=True, slots=True)
+class Failed:
+    """No usable answer: the link failed or timed out; ``code`` is what the client is told."""
+
+    code: int
+
+
+class NotYet:
+    """A sub-fetch still in flight when its Fetch is answered: its partitions say "no data yet"."""
+
+    def __repr__(self) -> str:
+        return "NOT_YET"
+
+
+NOT_YET = NotYet()
+BrokerAnswer = Response | Failed | NotYet
+Answers = Mapping[Destination, BrokerAnswer]
+
+# A partition's offsets as its leader last reported them in a Fetch answer:
+# high watermark, last stable offset, log start offset.
+Watermarks = tuple[int, int, int]
+
+
+# --- what a merge asks of the I/O layer ------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class FoldMetadata:
+    """A Metadata answer the topology should take in."""
+
+    metadata: Struct
+
+
+@dataclass(frozen=True, slots=True)
+class LearnCoordinators:
+    coordinators: Mapping[Coordinator, int]
+
+
+@dataclass(frozen=True, slots=True)
+class ForgetCoordinators:
+    """These coordinators moved or failed: look them up again next time."""
+
+    coordinators: frozenset[Coordinator]
+
+
+@dataclass(frozen=True, slots=True)
+class RefreshTopology:
+    """Leaders moved, topics changed, or a broker failed: refresh the topology soon."""
+
+
+@dataclass(frozen=True, slots=True)
+class RememberWatermarks:
+    """The watermarks a Fetch's answers carried, for the connection's next Fetch."""
+
+    watermarks: Mapping[TopicPartition, Watermarks]
+
+
+Effect = FoldMetadata | LearnCoordinators | ForgetCoordinators | RefreshTopology | RememberWatermarks
+
+
+@dataclass(slots=True)
+class Reply:
+    """The client's response body, and what the I/O layer should do about it."""
+
+    body: Parts
+    effects: list[Effect] = field(default_factory=list)
+    # (error code, broker id or -1) -> partitions or entries answering it, for metrics.
+    errors: Counter[tuple[int, int]] = field(default_factory=Counter)
+    # The one broker asked failed or answered undecodably: another may answer.
+    broker_failed: bool = False
+
+
+# --- what to do with a request ---------------------------------------------------------------
+
+
+def _no_coordinator(c: Coordinator) -> int | None:
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class Context:
+    """What the core may know of the world when planning a request."""
+
+    identity: Identity
+    topology: Topology
+    api_versions: Mapping[int, tuple[int, int]]  # what kfan advertises
+    # The broker coordinating a group or transaction, when known (the I/O layer's cache).
+    coordinator_of: Callable[[Coordinator], int | None] = _no_coordinator
+    # The I/O layer has already looked up this request's unknown coordinators.
+    coordinators_looked_up: bool = False
+    # What this client connection last learned of partitions' watermarks (Fetch only).
+    watermarks: Mapping[TopicPartition, Watermarks] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class LocalReply:
+    """Answered by kfan without asking a broker."""
+
+    header: RequestHeader
+    expect_response: bool
+    body: Parts
+    errors: Counter[tuple[int, int]] = field(default_factory=Counter)
+    unknown_topics: set[TopicKey] = field(default_factory=set)  # named but not in the topology
+    cost: int = 0
+
+
+@dataclass(slots=True)
+class NeedCoordinators:
+    """A batch naming coordinators kfan has not seen: look them up (in bulk), then plan again."""
+
+    header: RequestHeader
+    coordinators: set[Coordinator]
+    cost: int = 0
+
+
+Merger = Callable[["Forward", Answers], Reply]
+
+
+@dataclass(slots=True)
+class Forward:
+    """Sub-requests per destination, and the merge that answers the client from their answers."""
+
+    header: RequestHeader
+    expect_response: bool
+    route: Route  # the row it was planned by
+    ctx: Context
+    request: Struct  # the decoded client request
+    subs: dict[Destination, SubRequest]
+    merge: Merger  # the route's merge, or the one its planner fell back to
+    state: Any = None  # what the merge needs beyond the request (its planner's findings)
+    unknown_topics: set[TopicKey] = field(default_factory=set)
+    broker_wait_ms: int = 0  # how long the request itself lets a broker take before answering
+    cost: int = 0  # memory the request holds while in flight: its frame plus its decoded form (estimated)
+
+
+@dataclass(slots=True)
+class FetchForward(Forward):
+    """A Fetch: answered once ``min_bytes`` are in, or at max_wait, as a broker would."""
+
+    min_bytes: int = 1
+    keys: dict[Destination, Hashable] = field(default_factory=dict)  # per sub-fetch, what it asks, order aside
+    partitions: dict[Destination, frozenset[TopicPartition]] = field(default_factory=dict)
+
+
+Plan = LocalReply | NeedCoordinators | Forward
+
+
+# --- the facts a route row states about its API ---------------------------------------------
+
+
+class FieldPath(NamedTuple):
+    """Where partitions sit in a message: ``topics[].partitions[].index`` (index None: bare int32s)."""
+
+    topics: str
+    partitions: str
+    index: str | None
+
+
+class PartitionFields(NamedTuple):
+    """A leader-split API's partitions, in its request and in its response."""
+
+    request: FieldPath
+    response: FieldPath
+
+
+@dataclass(frozen=True, slots=True)
+class Batch:
+    """A request naming several groups or transactions, and where its answer lists them."""
+
+    key_type: KeyType
+    request_array: str
+    request_key: str | None  # None: the array holds the keys themselves
+    response_array: str
+    response_key: str
+
+
+@dataclass(frozen=True, slots=True)
+class BrokerFailure:
+    """The error a client is told for a sub-request whose broker failed before answering.
+
+    ``written``: its bytes had started out, so the broker may have acted on it.
+    """
+
+    written: int = errors.NETWORK_EXCEPTION
+    unwritten: int = errors.NETWORK_EXCEPTION
+
+    def code(self, written: bool) -> int:
+        return self.written if written else self.unwritten
+
+
+Planner = Callable[["Route", Context, RequestHeader, memoryview, Struct], Plan]
+KeyOf = Callable[[Struct], Coordinator | None]  # the group or transaction a request belongs to; None: any broker
+Rewriter = Callable[[Identity, Struct, Struct, Any], tuple[Struct, list[Effect]]]
+
+
+@dataclass(frozen=True, slots=True)
+class Route:
+    """Everything kfan knows about one API key: one row of :data:`proxy.core.routes.ROUTES`."""
+
+    api: int
+    plan: Planner
+    merge: Merger | None  # None: answered by kfan itself
+    read_only: bool  # asking it again (retry, live replay) changes nothing on the cluster
+    changes_topology: bool = False  # topics or partitions change: refresh the topology after it
+    prefers_controller: bool = False  # ZooKeeper-era brokers serve it only on the controller
+    layout: PartitionFields | None = None  # split by leader: where its partitions are
+    batch: Batch | None = None  # its batched form, split by coordinator
+    coordinator_key: KeyOf | None = None  # routed to the coordinator of this group or transaction
+    rewrite: Rewriter | None = None  # the identity rewrite its answer needs
+    broadcast_array: str | None = None  # asked of every broker: the answer's array they are concatenated by
+    broker_configs: str | None = None  # the answer's array of config resources (BROKER ones name kfan)
+    failure: BrokerFailure = BrokerFailure()

@@ -1,0 +1,82 @@
+"""Waiting for a request's answers from its brokers (trio).
+
+:func:`gather` waits for every answer up to one deadline. :func:`gather_fetch`
+drives the pure :class:`proxy.core.fetch.FetchWait`, which decides when a
+Fetch is answered: this module only feeds it answers and wake-ups, and sends
+again what it says to ask again.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Awaitable, Callable, Mapping
+
+import trio
+
+from backends.link import Pending
+from proxy.core import BrokerAnswer, Destination, Failed, Watermarks
+from proxy.core.fetch import FetchWait
+from proxy.core.layout import TopicPartition
+
+# A broker's Fetch answer may lag its max_wait by the network; past this, kfan
+# answers the client without it.
+FETCH_GRACE = 0.02
+
+Handles = Mapping[Destination, Pending | Failed]
+# Waits for one pending answer and reads it as a BrokerAnswer (never raises a link's failure).
+Receive = Callable[[Destination, Pending], Awaitable[BrokerAnswer]]
+
+
+async def gather(handles: Handles, receive: Receive, deadline: float) -> tuple[dict[Destination, BrokerAnswer], set[Destination]]:
+    """The answers in by ``deadline``, and the destinations still out then."""
+    answers: dict[Destination, BrokerAnswer] = {d: h for d, h in handles.items() if isinstance(h, Failed)}
+    outstanding = {d for d, h in handles.items() if not isinstance(h, Failed)}
+    send, arrivals = trio.open_memory_channel[tuple[Destination, BrokerAnswer]](math.inf)
+    async with trio.open_nursery() as nursery:
+        for d in outstanding:
+            nursery.start_soon(_deliver, receive, d, handles[d], send)
+        with trio.move_on_at(deadline):
+            while outstanding:
+                d, answer = await arrivals.receive()
+                answers[d] = answer
+                outstanding.discard(d)
+        nursery.cancel_scope.cancel()
+    return answers, outstanding
+
+
+async def gather_fetch(
+    wait: FetchWait,
+    handles: Handles,
+    receive: Receive,
+    ask_again: Callable[[Destination], Pending | None],
+    remember: Callable[[Mapping[TopicPartition, Watermarks]], None],
+) -> tuple[dict[Destination, BrokerAnswer], dict[Destination, Pending | Failed]]:
+    """A Fetch's answers as :class:`FetchWait` decides (NOT_YET for those still out), and the handles last used."""
+    current = dict(handles)
+    send, arrivals = trio.open_memory_channel[tuple[Destination, BrokerAnswer]](math.inf)
+    async with trio.open_nursery() as nursery:
+        for d in wait.outstanding:
+            nursery.start_soon(_deliver, receive, d, handles[d], send)
+        while (wake := wait.wake_at(trio.current_time())) is not None:
+            with trio.move_on_at(wake):
+                d, answer = await arrivals.receive()
+                again = wait.answered(d, answer, trio.current_time())
+                if again is None:
+                    continue
+                remember(again.watermarks)
+                pending = ask_again(d)
+                if pending is None:
+                    wait.keep(d, answer)
+                    continue
+                current[d] = pending
+                wait.asked_again(d)
+                nursery.start_soon(_deliver, receive, d, pending, send)
+        nursery.cancel_scope.cancel()
+    return wait.final(), current
+
+
+async def _deliver(
+    receive: Receive, destination: Destination, handle: Pending | Failed, send: trio.MemorySendChannel[tuple[Destination, BrokerAnswer]]
+) -> None:
+    assert isinstance(handle, Pending)
+    send.send_nowait((destination, await receive(destination, handle)))

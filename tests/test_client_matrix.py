@@ -1,0 +1,193 @@
+"""Real clients through the real kfan process, every client library against every backend.
+
+The matrix, ``test_round_trip[<client>-<backend>]``: confluent-kafka,
+kafka-python, aiokafka and kcat (Debian's 1.7.1, librdkafka 2.0.2: an older
+protocol stack) each produce keyed records through kfan, then read them back
+as the only member of a fresh consumer group of the same library (one routine
+per library, tests/support/round_trip.py), against
+
+- ``mock``: kfan (``kfan``) in front of the 3-broker librdkafka mock, 10,000
+  records to a 6-partition topic led by brokers 1,2,3,1,2,3, checked by
+  ``check_exactly_once_in_order``;
+- ``tansu``: kfan (``kfan_tansu``) in front of Tansu, 500 records to a
+  3-partition topic created with CreateTopics through kfan, checked by
+  ``check_round_trip``.
+
+Every record exactly once, per-partition order kept; the client's metadata
+shows exactly one broker, kfan, and the topic's partitions; the member was
+assigned every partition; nothing more arrives after the records (kcat: it
+reports the end of each partition at the offset after its last record); the
+group's offsets are committed through kfan and read back by the member and
+by a fresh client.
+
+kcat also checks ``-L`` (one broker, kfan's address, the topic's partitions)
+and a ``-C -e`` read with librdkafka's Fetch logging (the high watermarks kfan
+answers). kcat is found on PATH or installed with apt (tests/support/kcat.py);
+if neither works the kcat tests fail.
+"""
+
+from __future__ import annotations
+
+import itertools
+import uuid
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from functools import partial
+
+import pytest
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from backends.mock import MockCluster
+from tests.support.kcat import Consumed, Kcat, KcatUnavailable, Row, ensure_kcat
+from tests.support.kfan import Kfan
+from tests.support.round_trip import (
+    ROUND_TRIPS,
+    RoundTrip,
+    check_exactly_once_in_order,
+    check_round_trip,
+    committed_offsets,
+    end_offsets,
+    kcat_round_trip,
+    keyed_records,
+    round_trip_records,
+)
+
+TANSU_RECORDS = 500
+TANSU_PARTITIONS = 3
+_names = itertools.count(1)
+
+
+def _name(prefix: str) -> str:
+    return f"{prefix}{next(_names)}-{uuid.uuid4().hex[:8]}"
+
+
+@pytest.fixture(scope="session")
+def kcat() -> Kcat:
+    """kcat from PATH, or installed with apt; the test fails (never skips) when neither works."""
+    try:
+        path = ensure_kcat()
+    except KcatUnavailable as e:
+        pytest.fail(str(e), pytrace=False)
+    return Kcat(path)
+
+
+@dataclass
+class Backend:
+    """One backend behind its kfan, and what a round trip through it must give."""
+
+    name: str
+    kfan: Kfan
+    partitions: int
+    records: list[tuple[bytes, bytes]] = field(repr=False)
+    new_topic: Callable[[], str] = field(repr=False)
+    check: Callable[[list[Row]], None] = field(repr=False)
+
+
+def _tansu_topic(kfan: Kfan) -> str:
+    """A fresh 3-partition topic on Tansu, created with CreateTopics through kfan."""
+    name = _name("rt")
+    admin = AdminClient({"bootstrap.servers": kfan.bootstrap})  # kept alive until the answer is in
+    admin.create_topics([NewTopic(name, TANSU_PARTITIONS, 1)], operation_timeout=10)[name].result(15)
+    return name
+
+
+@pytest.fixture(scope="module", params=["confluent-kafka", "kafka-python", "aiokafka", "kcat"])
+def client(request: pytest.FixtureRequest) -> RoundTrip:
+    """The client library's round trip (tests/support/round_trip.py)."""
+    if request.param == "kcat":
+        return partial(kcat_round_trip, request.getfixturevalue("kcat"))
+    return ROUND_TRIPS[request.param]
+
+
+@pytest.fixture(scope="module", params=["mock", "tansu"])
+def backend(request: pytest.FixtureRequest) -> Backend:
+    if request.param == "mock":
+        kfan: Kfan = request.getfixturevalue("kfan")
+        cluster: MockCluster = request.getfixturevalue("cluster")
+
+        def mock_topic() -> str:
+            name = _name("kc")
+            cluster.create_topic(name, 6)  # led by brokers 1,2,3,1,2,3, as the `topic` fixture's
+            return name
+
+        return Backend("mock", kfan, 6, round_trip_records(), mock_topic, check_exactly_once_in_order)
+    kfan = request.getfixturevalue("kfan_tansu")
+    records = keyed_records(TANSU_RECORDS)
+    return Backend(
+        "tansu",
+        kfan,
+        TANSU_PARTITIONS,
+        records,
+        lambda: _tansu_topic(kfan),
+        lambda consumed: check_round_trip(consumed, records, TANSU_PARTITIONS),
+    )
+
+
+def test_round_trip(client: RoundTrip, backend: Backend) -> None:
+    topic, group = backend.new_topic(), _name("g")
+    trip = client(backend.kfan.bootstrap, topic, group, backend.records)
+    assert trip.brokers == [(0, backend.kfan.host, backend.kfan.port)]
+    assert trip.partitions == set(range(backend.partitions))
+    assert trip.assigned == set(range(backend.partitions)), trip.log
+    backend.check(trip.consumed)
+    assert trip.extra == []  # nothing more arrives after the records
+    ends = end_offsets(trip.consumed)
+    if trip.eof is not None:
+        assert trip.eof == ends
+    if trip.committed is not None:
+        assert trip.committed == ends
+    # Read back by a fresh client (OffsetFetch through kfan, after the member left).
+    assert committed_offsets(backend.kfan.bootstrap, group, topic, backend.partitions) == ends
+
+
+# --- kcat, against both backends: its metadata and its Fetch answers -----------------------
+
+
+@dataclass
+class KcatRun:
+    topic: str
+    consumed: Consumed
+
+
+@pytest.fixture(scope="module")
+def kcat_round_trip_run(backend: Backend, kcat: Kcat) -> KcatRun:
+    """One ``kcat -P`` of the backend's records to a fresh topic, read back once by ``kcat -C -e``
+    with librdkafka's per-partition Fetch logging on (``-d msg``)."""
+    topic = backend.new_topic()
+    kcat.produce(backend.kfan.bootstrap, topic, backend.records)
+    return KcatRun(topic, kcat.consume(backend.kfan.bootstrap, topic, "-d", "msg", timeout=90))
+
+
+def test_kcat_metadata_shows_only_kfan(backend: Backend, kcat: Kcat) -> None:
+    topic = backend.new_topic()
+    md = kcat.metadata(backend.kfan.bootstrap, topic)
+    assert md["brokers"] == [{"id": 0, "name": backend.kfan.bootstrap}], md["brokers"]
+    assert md["controllerid"] == 0 and md["originating_broker"]["id"] == 0
+    [t] = md["topics"]
+    assert t["topic"] == topic and "error" not in t, t
+    assert [p["partition"] for p in t["partitions"]] == list(range(backend.partitions))
+    for p in t["partitions"]:
+        assert (p["leader"], p["replicas"], p["isrs"]) == (0, [{"id": 0}], [{"id": 0}]), p
+
+
+def test_kcat_produce_then_consume(backend: Backend, kcat_round_trip_run: KcatRun) -> None:
+    consumed = kcat_round_trip_run.consumed
+    backend.check(consumed.rows)
+    # -e: kcat reached the end of every partition, at the offset after its last record.
+    assert consumed.eof == end_offsets(consumed.rows)
+
+
+def test_kcat_fetch_answers_carry_true_high_watermarks(backend: Backend, kcat_round_trip_run: KcatRun) -> None:
+    """Every partition of every Fetch answer kcat handled, error-free, reports the partition's
+    real high watermark and last stable offset (nothing was produced meanwhile, so: its end
+    offset), as the broker itself reports them. librdkafka decides end-of-partition from them."""
+    consumed = kcat_round_trip_run.consumed
+    ends = end_offsets(consumed.rows)
+    fetched = consumed.fetched(kcat_round_trip_run.topic)
+    assert {p for p, *_ in fetched} == set(ends), "kcat logged no Fetch answer for some partitions"
+    wrong = Counter((p, hw, lso) for p, _, err, hw, lso in fetched if err == "Success" and (hw, lso) != (ends[p], ends[p]))
+    assert not wrong, (
+        f"Fetch answers with a wrong high watermark / LSO, as (partition, high watermark, LSO): count "
+        f"(end offsets {ends}; {len(fetched)} partition answers; kcat took {consumed.seconds:.1f} s to reach the end): {dict(wrong)}"
+    )
