@@ -1,23 +1,21 @@
 """The control plane: what kfan knows about the cluster and how it keeps it fresh.
 
-Owns kfan's own links to the brokers (separate from client traffic), learns
-each broker's API versions at start, keeps the :class:`Topology` fresh
-(periodically, and at once when a request hit a leadership error), and caches
-group and transaction coordinators (bounded, expiring, and dropped when a
-coordinator says it no longer is one).
+Learns each broker's API versions at start (and so what kfan advertises),
+keeps the :class:`Topology` fresh (periodically, and at once when a request
+hit a leadership error), knows which brokers are reachable, and applies the
+effects merges ask for. Its own requests go over its own links
+(:mod:`.control`); group and transaction coordinators are cached in
+:mod:`.coordinators`.
 
 Brokers are not trusted: any answer may fail to decode, name no broker, or
 never come. The control plane then keeps its last good topology, falls back
-to the bootstrap list when it knows no broker, and retries with backoff; the
-answers themselves are read by the pure ``read_*`` functions below, which
-raise only :class:`Malformed`.
+to the bootstrap list when it knows no broker, and retries with backoff.
 """
 
 from __future__ import annotations
 
 import logging
 import random
-from collections import OrderedDict
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -31,90 +29,18 @@ from proxy.core import (
     ForgetCoordinators,
     LearnCoordinators,
     RefreshTopology,
-    SubRequest,
     advertised_versions,
 )
 from proxy.core.topology import Topology
-from proxy.kafka import apis, errors, schema
-from proxy.kafka.headers import decode_response, request_header_tail
-from proxy.kafka.wire import Malformed
 
-from .link import Link, LinkError
+from .control import ControlLinks, control_version
+from .coordinators import ANSWER_FAILURES, Coordinators
 
 log = logging.getLogger("kfan.cluster")
-
-# What a control-plane request can end in, short of an answer kfan can use.
-_ANSWER_FAILURES = (LinkError, trio.TooSlowError, OSError, Malformed)
-
-CLIENT_ID = "kfan"
-# Versions the control plane speaks when the broker allows (clamped to what it supports).
-_PREFERRED = {apis.API_VERSIONS: 2, apis.METADATA: 12, apis.FIND_COORDINATOR: 3}
-
-
-# Keys per batched FindCoordinator request.
-_FIND_BATCH = 1000
-# Coordinators cached per group or transactional id: clients choose the ids,
-# so the cache is bounded (least recently used goes) and entries expire.
-MAX_COORDINATORS = 10_000
-COORDINATOR_TTL = 300.0
-
-
-def _decode(api_key: int, version: int, payload: bytes | memoryview) -> dict[str, Any]:
-    return decode_response(payload, api_key, version)
-
-
-def read_api_versions(payload: bytes | memoryview, version: int) -> dict[int, tuple[int, int]]:
-    """A broker's ApiVersions answer: api key -> (min, max) version. Raises only :class:`Malformed`."""
-    resp = _decode(apis.API_VERSIONS, version, payload)
-    if resp["error_code"] != 0:
-        raise Malformed(f"ApiVersions answered error {resp['error_code']}")
-    return {a["api_key"]: (a["min_version"], a["max_version"]) for a in resp["api_keys"] if a["min_version"] <= a["max_version"]}
-
-
-def read_metadata(payload: bytes | memoryview, version: int) -> dict[str, Any]:
-    """A Metadata answer, with broker entries kfan could not connect to left out. Raises only :class:`Malformed`."""
-    resp = _decode(apis.METADATA, version, payload)
-    resp["brokers"] = [b for b in resp["brokers"] if b["node_id"] >= 0 and b["host"] and 0 < b["port"] < 65536]
-    return resp
-
-
-def read_coordinators(payload: bytes | memoryview, version: int) -> dict[str, tuple[int, int]]:
-    """Key -> (error code, node id) of a batched (v4+) FindCoordinator answer. Raises only :class:`Malformed`."""
-    resp = _decode(apis.FIND_COORDINATOR, version, payload)
-    return {e["key"]: (e["error_code"], e["node_id"]) for e in resp["coordinators"]}
-
-
-def read_coordinator(payload: bytes | memoryview, version: int, key_type: int, key: str) -> tuple[int, int]:
-    """(error code, node id) of a FindCoordinator answer for ``key``. Raises only :class:`Malformed`."""
-    if version < 4:
-        resp = _decode(apis.FIND_COORDINATOR, version, payload)
-        return resp["error_code"], resp["node_id"]
-    found = read_coordinators(payload, version).get(key)
-    if found is None:
-        raise Malformed(f"FindCoordinator answer does not name {key!r}")
-    return found
-
-
-def control_version(api_key: int, versions: Mapping[int, tuple[int, int]]) -> int:
-    """The version the control plane speaks: its preferred one, within what the broker
-    says it serves and what kfan has schemas for (a broker's odd ranges cannot push it out)."""
-    known = schema.known_versions(api_key)
-    assert known is not None
-    lo, hi = versions.get(api_key, (known.start, _PREFERRED[api_key]))
-    version = max(lo, min(hi, _PREFERRED[api_key]))
-    if api_key == apis.METADATA:
-        version = max(version, 1)  # v0 cannot ask for every topic
-    return min(max(version, known.start), known.stop - 1)
 
 
 class ClusterUnavailable(Exception):
     """No bootstrap broker answered."""
-
-
-class CoordinatorError(Exception):
-    def __init__(self, code: int) -> None:
-        super().__init__(f"coordinator lookup failed with error {code}")
-        self.code = code
 
 
 class Cluster:
@@ -134,13 +60,13 @@ class Cluster:
         self.broker_versions: dict[int, dict[int, tuple[int, int]]] = {}
         self.api_versions: dict[int, tuple[int, int]] = {}
         self.reachable: dict[int, bool] = {}
-        self.coordinators: OrderedDict[Coordinator, tuple[int, float]] = OrderedDict()  # -> (node id, learned at)
+        self.coordinators = Coordinators(self)  # the coordinator of each group or transaction
         self.ready = trio.Event()
         self.refreshes = 0
         self.refreshed_at: float | None = None
         self._wake = trio.Event()
         self._refreshed = trio.Event()
-        self._links: dict[Any, Link] = {}
+        self.control = ControlLinks(lambda: self.topology, request_timeout=request_timeout, max_frame_bytes=max_frame_bytes)
         self._nursery: trio.Nursery | None = None
         self._probing: set[int] = set()
 
@@ -148,7 +74,7 @@ class Cluster:
 
     async def run(self, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         async with trio.open_nursery() as nursery:
-            self._nursery = nursery
+            self._nursery = self.control.nursery = nursery
             await self._bootstrap()
             self.ready.set()
             task_status.started()
@@ -176,9 +102,9 @@ class Cluster:
         for i, (host, port) in enumerate(self.bootstrap):
             key = ("bootstrap", i)
             try:
-                versions = await self._api_versions(key, host, port)
-                metadata = await self._metadata(key, host, port, versions)
-            except _ANSWER_FAILURES as e:
+                versions = await self.control.api_versions(key, host, port)
+                metadata = await self.control.metadata(key, host, port, versions)
+            except ANSWER_FAILURES as e:
                 tried.append(f"{host}:{port} ({e})")
                 log.warning("bootstrap broker %s:%s did not answer: %s", host, port, e)
                 continue
@@ -235,9 +161,9 @@ class Cluster:
         for key, host, port in candidates:
             node = key if isinstance(key, int) else None
             try:
-                versions = self.broker_versions.get(node, {}) if node is not None else await self._api_versions(key, host, port)
-                metadata = await self._metadata(key, host, port, versions)
-            except _ANSWER_FAILURES as e:
+                versions = self.broker_versions.get(node, {}) if node is not None else await self.control.api_versions(key, host, port)
+                metadata = await self.control.metadata(key, host, port, versions)
+            except ANSWER_FAILURES as e:
                 if node is not None:
                     self._set_reachable(node, False)
                 log.info("metadata from %s at %s:%s failed: %s", key, host, port, e)
@@ -282,8 +208,8 @@ class Cluster:
     async def _probe(self, node_id: int, host: str, port: int) -> None:
         """One broker's API versions and reachability (at startup, and after each refresh)."""
         try:
-            versions = await self._api_versions(node_id, host, port)
-        except _ANSWER_FAILURES as e:
+            versions = await self.control.api_versions(node_id, host, port)
+        except ANSWER_FAILURES as e:
             if self.reachable.get(node_id) is not False:
                 log.warning("broker %s at %s:%s is unreachable: %s", node_id, host, port, e)
             self._set_reachable(node_id, False)
@@ -325,6 +251,21 @@ class Cluster:
 
     # --- what connections ask -------------------------------------------------
 
+    def learn(self, coordinators: Mapping[Coordinator, int]) -> None:
+        self.coordinators.learn(coordinators)
+
+    def forget(self, coordinator: Coordinator) -> None:
+        self.coordinators.forget(coordinator)
+
+    def known_coordinator(self, c: Coordinator) -> int | None:
+        return self.coordinators.known(c)
+
+    async def coordinator(self, c: Coordinator) -> int:
+        return await self.coordinators.coordinator(c)
+
+    async def find_coordinators(self, keys: Iterable[Coordinator]) -> None:
+        await self.coordinators.find(keys)
+
     def apply(self, effects: Iterable[Effect]) -> None:
         """Do what a merge asked of the cluster (the connection's own effects are ignored)."""
         for effect in effects:
@@ -342,102 +283,6 @@ class Cluster:
         if metadata["brokers"]:  # an answer naming no broker would leave nothing to route to
             self.topology = self.topology.with_metadata(metadata)
 
-    def learn(self, coordinators: Mapping[Coordinator, int]) -> None:
-        now = trio.current_time()
-        for c, node in coordinators.items():
-            self.coordinators[c] = (node, now)
-            self.coordinators.move_to_end(c)
-        while len(self.coordinators) > MAX_COORDINATORS:
-            self.coordinators.popitem(last=False)
-
-    def forget(self, coordinator: Coordinator) -> None:
-        self.coordinators.pop(coordinator, None)
-
-    def known_coordinator(self, c: Coordinator) -> int | None:
-        """The cached coordinator of a group or transactional id, if fresh and among the brokers."""
-        entry = self.coordinators.get(c)
-        if entry is None:
-            return None
-        node, learned_at = entry
-        if node not in self.topology.brokers or trio.current_time() - learned_at > COORDINATOR_TTL:
-            del self.coordinators[c]
-            return None
-        self.coordinators.move_to_end(c)
-        return node
-
-    async def coordinator(self, c: Coordinator) -> int:
-        """The broker coordinating a group or transactional id (cached)."""
-        node = self.known_coordinator(c)
-        if node is not None:
-            return node
-        code = errors.COORDINATOR_NOT_AVAILABLE
-        for attempt in range(5):
-            try:
-                code, node = await self._find_coordinator(c)
-            except _ANSWER_FAILURES as e:
-                log.info("FindCoordinator for %s failed: %s", c, e)
-                code, node = errors.COORDINATOR_NOT_AVAILABLE, -1
-            if code == errors.NONE and node in self.topology.brokers:
-                self.learn({c: node})
-                return node
-            if code not in (errors.COORDINATOR_NOT_AVAILABLE, errors.COORDINATOR_LOAD_IN_PROGRESS, errors.NONE):
-                break
-            await trio.sleep(0.05 * (attempt + 1))
-        raise CoordinatorError(code)
-
-    async def find_coordinators(self, keys: Iterable[Coordinator]) -> None:
-        """Look up many coordinators at once, within one request timeout, and learn those found.
-
-        With FindCoordinator v4+ the keys go in batches; older brokers are asked
-        one key at a time, each once. What is not found in time stays unknown.
-        """
-        by_type: dict[int, list[str]] = {}
-        for c in keys:
-            if self.known_coordinator(c) is None:
-                by_type.setdefault(c.key_type, []).append(c.key)
-        with trio.move_on_after(self.request_timeout):
-            for key_type, names in by_type.items():
-                broker = self.any_broker()
-                if broker is None:
-                    return
-                version = self._version(broker, apis.FIND_COORDINATOR)
-                if version < 4:
-                    for name in names:
-                        try:
-                            code, node = await self._find_coordinator(Coordinator(key_type, name))
-                        except _ANSWER_FAILURES as e:
-                            log.info("FindCoordinator for %r failed: %s", name, e)
-                            continue
-                        if code == errors.NONE and node in self.topology.brokers:
-                            self.learn({Coordinator(key_type, name): node})
-                    continue
-                for start in range(0, len(names), _FIND_BATCH):
-                    body = {"key_type": key_type, "coordinator_keys": names[start : start + _FIND_BATCH]}
-                    try:
-                        found = read_coordinators(await self.call(broker, apis.FIND_COORDINATOR, version, body), version)
-                    except _ANSWER_FAILURES as e:
-                        log.info("FindCoordinator for %d keys failed: %s", len(body["coordinator_keys"]), e)
-                        continue
-                    self.learn(
-                        {
-                            Coordinator(key_type, key): node
-                            for key, (code, node) in found.items()
-                            if code == errors.NONE and node in self.topology.brokers
-                        }
-                    )
-
-    async def _find_coordinator(self, c: Coordinator) -> tuple[int, int]:
-        b = self.any_broker()
-        if b is None:
-            raise LinkError("no broker known")
-        version = self._version(b, apis.FIND_COORDINATOR)
-        if version >= 4:
-            body = {"key_type": c.key_type, "coordinator_keys": [c.key]}
-        else:
-            body = {"key": c.key, "key_type": c.key_type}
-        payload = await self.call(b, apis.FIND_COORDINATOR, version, body)
-        return read_coordinator(payload, version, c.key_type, c.key)
-
     def any_broker(self, exclude: int | None = None) -> int | None:
         """A broker believed reachable (any known one when none is), other than ``exclude``; None when there is none."""
         brokers = [b for b in self.topology.brokers if b != exclude]
@@ -446,47 +291,12 @@ class Cluster:
         up = [b for b in brokers if self.reachable.get(b, True)]
         return random.choice(up or brokers)
 
-    def _version(self, broker: int, api_key: int) -> int:
+    def version_for(self, broker: int, api_key: int) -> int:
+        """The version kfan's own requests of ``api_key`` to ``broker`` use."""
         return control_version(api_key, self.broker_versions.get(broker, {}))
-
-    # --- requests over kfan's own links ---------------------------------------------
-
-    def _link(self, key: Any, host: str, port: int) -> Link:
-        link = self._links.get(key)
-        if link is None or link.failed is not None or link.address != (host, port):
-            assert self._nursery is not None
-            link = Link(key if isinstance(key, int) else -1, host, port, max_frame_bytes=self.max_frame_bytes)
-            self._links[key] = link
-            self._nursery.start_soon(link.run)
-        return link
 
     async def call(
         self, broker: Any, api_key: int, version: int, body: Mapping[str, Any], *, address: tuple[str, int] | None = None
     ) -> bytes:
-        """The answer's payload (its decoding is the caller's: the ``read_*`` functions)."""
-        if address is None:
-            b = self.topology.brokers.get(broker)
-            if b is None:
-                raise LinkError(f"broker {broker} is not in the topology")
-            address = (b.host, b.port)
-        tail = [
-            request_header_tail(api_key, version, CLIENT_ID),
-            *schema.encode_body(spec := schema.request_spec(api_key, version), {**spec.blank(), **body}),
-        ]
-        link = self._link(broker, *address)
-        pending = link.submit(SubRequest(api_key, version, tail, True))
-        try:
-            with trio.fail_after(self.request_timeout):
-                return await pending.wait()
-        except trio.TooSlowError:
-            link.close()  # hung, or stalled mid-answer: the next call opens a fresh link
-            raise
-
-    async def _api_versions(self, key: Any, host: str, port: int) -> dict[int, tuple[int, int]]:
-        version = _PREFERRED[apis.API_VERSIONS]
-        return read_api_versions(await self.call(key, apis.API_VERSIONS, version, {}, address=(host, port)), version)
-
-    async def _metadata(self, key: Any, host: str, port: int, versions: Mapping[int, tuple[int, int]]) -> dict[str, Any]:
-        version = control_version(apis.METADATA, versions)
-        body = {"topics": None, "allow_auto_topic_creation": False}
-        return read_metadata(await self.call(key, apis.METADATA, version, body, address=(host, port)), version)
+        """A request of kfan's own to a broker (by node id, or ``address``); the answer's payload."""
+        return await self.control.call(broker, api_key, version, body, address=address)

@@ -18,7 +18,8 @@ import trio
 from proxy.core import ANY_BROKER, Coordinator, Destination, Failed
 from proxy.core.topology import Broker
 
-from .cluster import Cluster, CoordinatorError
+from .cluster import Cluster
+from .coordinators import CoordinatorError
 from .link import Link
 
 # Opens a stream to a broker (TCP by default; tests hand memory streams).

@@ -1,0 +1,101 @@
+"""kfan's own requests to the brokers (ApiVersions, Metadata, FindCoordinator):
+its own links, separate from client traffic, and the pure ``read_*``
+functions that read the answers (they raise only :class:`Malformed`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import trio
+
+from proxy.core import SubRequest
+from proxy.core.topology import Topology
+from proxy.kafka import apis, schema
+from proxy.kafka.headers import decode_response, request_header_tail
+from proxy.kafka.wire import Malformed
+
+from .link import Link, LinkError
+
+CLIENT_ID = "kfan"
+# Versions the control plane speaks when the broker allows (clamped to what it supports).
+_PREFERRED = {apis.API_VERSIONS: 2, apis.METADATA: 12, apis.FIND_COORDINATOR: 3}
+
+
+def read_api_versions(payload: bytes | memoryview, version: int) -> dict[int, tuple[int, int]]:
+    """A broker's ApiVersions answer: api key -> (min, max) version. Raises only :class:`Malformed`."""
+    resp = decode_response(payload, apis.API_VERSIONS, version)
+    if resp["error_code"] != 0:
+        raise Malformed(f"ApiVersions answered error {resp['error_code']}")
+    return {a["api_key"]: (a["min_version"], a["max_version"]) for a in resp["api_keys"] if a["min_version"] <= a["max_version"]}
+
+
+def read_metadata(payload: bytes | memoryview, version: int) -> dict[str, Any]:
+    """A Metadata answer, with broker entries kfan could not connect to left out. Raises only :class:`Malformed`."""
+    resp = decode_response(payload, apis.METADATA, version)
+    resp["brokers"] = [b for b in resp["brokers"] if b["node_id"] >= 0 and b["host"] and 0 < b["port"] < 65536]
+    return resp
+
+
+def control_version(api_key: int, versions: Mapping[int, tuple[int, int]]) -> int:
+    """The version the control plane speaks: its preferred one, within what the broker
+    says it serves and what kfan has schemas for (a broker's odd ranges cannot push it out)."""
+    known = schema.known_versions(api_key)
+    assert known is not None
+    lo, hi = versions.get(api_key, (known.start, _PREFERRED[api_key]))
+    version = max(lo, min(hi, _PREFERRED[api_key]))
+    if api_key == apis.METADATA:
+        version = max(version, 1)  # v0 cannot ask for every topic
+    return min(max(version, known.start), known.stop - 1)
+
+
+class ControlLinks:
+    """One link per broker (or bootstrap address) for kfan's own requests."""
+
+    def __init__(self, topology: Callable[[], Topology], *, request_timeout: float, max_frame_bytes: int) -> None:
+        self._topology = topology
+        self.request_timeout = request_timeout
+        self.max_frame_bytes = max_frame_bytes
+        self.nursery: trio.Nursery | None = None  # the cluster's, once it runs
+        self._links: dict[Any, Link] = {}  # by node id, or ("bootstrap", i)
+
+    def _link(self, key: Any, host: str, port: int) -> Link:
+        link = self._links.get(key)
+        if link is None or link.failed is not None or link.address != (host, port):
+            assert self.nursery is not None
+            link = Link(key if isinstance(key, int) else -1, host, port, max_frame_bytes=self.max_frame_bytes)
+            self._links[key] = link
+            self.nursery.start_soon(link.run)
+        return link
+
+    async def call(
+        self, broker: Any, api_key: int, version: int, body: Mapping[str, Any], *, address: tuple[str, int] | None = None
+    ) -> bytes:
+        """The answer's payload (its decoding is the caller's: the ``read_*`` functions)."""
+        if address is None:
+            b = self._topology().brokers.get(broker)
+            if b is None:
+                raise LinkError(f"broker {broker} is not in the topology")
+            address = (b.host, b.port)
+        tail = [
+            request_header_tail(api_key, version, CLIENT_ID),
+            *schema.encode_body(spec := schema.request_spec(api_key, version), {**spec.blank(), **body}),
+        ]
+        link = self._link(broker, *address)
+        pending = link.submit(SubRequest(api_key, version, tail, True))
+        try:
+            with trio.fail_after(self.request_timeout):
+                return await pending.wait()
+        except trio.TooSlowError:
+            link.close()  # hung, or stalled mid-answer: the next call opens a fresh link
+            raise
+
+    async def api_versions(self, key: Any, host: str, port: int) -> dict[int, tuple[int, int]]:
+        version = _PREFERRED[apis.API_VERSIONS]
+        return read_api_versions(await self.call(key, apis.API_VERSIONS, version, {}, address=(host, port)), version)
+
+    async def metadata(self, key: Any, host: str, port: int, versions: Mapping[int, tuple[int, int]]) -> dict[str, Any]:
+        version = control_version(apis.METADATA, versions)
+        body = {"topics": None, "allow_auto_topic_creation": False}
+        return read_metadata(await self.call(key, apis.METADATA, version, body, address=(host, port)), version)
