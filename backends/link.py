@@ -92,6 +92,7 @@ class Link:
         self.connect_timeout = connect_timeout
         self.max_frame_bytes = max_frame_bytes
         self.failed: LinkError | None = None
+        self._writing: Pending | None = None  # the request whose bytes are going out
         self._connect: Connect = connect if connect is not None else partial(trio.open_tcp_stream, host, port)
         self._send, self._queue = trio.open_memory_channel[tuple[bytes, Pending]](math.inf)
         self._correlations: Correlations[Pending] = Correlations()
@@ -146,6 +147,9 @@ class Link:
         self._send.close()
         for pending in self._correlations.take_all():
             pending.set(reason)
+        if self._writing is not None:
+            # Its bytes were partly out (an acks=0 request has no waiter to fail).
+            self._writing.set(reason)
         while True:
             try:
                 _, pending = self._queue.receive_nowait()
@@ -157,7 +161,9 @@ class Link:
         sent = metrics.BYTES.labels("broker_out")
         async for data, pending in self._queue:
             pending.written = True
+            self._writing = pending
             await stream.send_all(data)
+            self._writing = None
             sent.inc(len(data))
             pending.sent.set()
 

@@ -30,7 +30,8 @@ import logging
 import math
 import os
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import trio
@@ -104,6 +105,67 @@ class ResponseSlot:
         self.captured: tuple[int, bytes, Topology] | None = None
 
 
+class _Receiver:
+    """The client's bytes under their deadlines: a frame begun must arrive whole
+    within ``frame_timeout``; a connection with nothing in flight is closed
+    after ``idle_timeout``. Bytes of frames still arriving count in the pool."""
+
+    def __init__(self, stream: trio.abc.Stream, limits: Limits, budget: Budget, pool: MemoryPool, client: int) -> None:
+        self.stream = stream
+        self.limits = limits
+        self.budget = budget
+        self.pool = pool
+        self.client = client
+        self.partial = 0  # bytes of frames still arriving, counted in the pool
+        self.last_active = trio.current_time()  # the last byte either way
+        self._frame_started = 0.0
+        self._draining = trio.Event()
+        self._receiving: trio.CancelScope | None = None
+
+    def drain(self) -> None:
+        self._draining.set()
+        if self._receiving is not None:
+            self._receiving.cancel()
+
+    def sync_partial(self, reader: FrameReader) -> None:
+        held = reader.buffered()
+        if held and not self.partial:
+            self._frame_started = trio.current_time()
+        self.pool.add(held - self.partial)
+        self.partial = held
+
+    def release(self) -> None:
+        self.pool.sub(self.partial)
+        self.partial = 0
+
+    async def receive(self, busy: Callable[[], bool]) -> bytes | None:
+        """The client's next bytes (b"" at EOF), or None when draining; closes on a deadline.
+
+        ``busy()``: requests are in flight, so the connection is not idle.
+        """
+        limits = self.limits
+        while not self._draining.is_set():
+            deadline = self._frame_started + limits.frame_timeout if self.partial else self.last_active + limits.idle_timeout
+            with trio.CancelScope(deadline=deadline) as self._receiving:
+                await self.pool.wait_to_read(self.budget.used + self.partial)
+                data = await self.stream.receive_some(65536)
+                self.last_active = trio.current_time()
+                return data
+            self._receiving = None
+            now = trio.current_time()
+            if self._draining.is_set():
+                break
+            if self.partial and now >= self._frame_started + limits.frame_timeout:
+                log.warning("client %s: a frame was not completed within %.0f s, closing", self.client, limits.frame_timeout)
+                raise _Close("frame_timeout")
+            if not self.partial and not busy() and now >= self.last_active + limits.idle_timeout:
+                log.info("client %s: idle for %.0f s, closing", self.client, limits.idle_timeout)
+                raise _Close("idle_timeout")
+            # Requests in flight: the connection is not idle. Look again later.
+            self.last_active = max(self.last_active, now - limits.idle_timeout / 2)
+        return None
+
+
 class ClientConnection:
     def __init__(
         self,
@@ -124,12 +186,12 @@ class ClientConnection:
         self._connect_broker = connect_broker
         self._pool = pool if pool is not None else MemoryPool(limits.max_buffered_bytes)
         self._budget = Budget(limits.max_connection_bytes, self._pool)
-        self._partial = 0  # bytes of frames still arriving, counted in the pool
-        self._last_active = trio.current_time()
-        self._frame_started = 0.0
+        self._receiver = _Receiver(stream, limits, self._budget, self._pool, self.id)
         self._inflight = 0
-        self._draining = trio.Event()
-        self._receiving: trio.CancelScope | None = None
+        # One token per request between its read and its response's write:
+        # the reader takes one before reading the next request, so at most
+        # max_inflight requests are read and not yet answered.
+        self._capacity = trio.Semaphore(limits.max_inflight)
 
     async def run(self) -> None:
         """Serve the client until it leaves or must go; never raises (but for cancellation)."""
@@ -163,64 +225,31 @@ class ClientConnection:
         finally:
             metrics.INFLIGHT.dec(self._inflight)  # requests the connection's end abandoned
             self._budget.release_all()
-            self._pool.sub(self._partial)
-            self._partial = 0
+            self._receiver.release()
             with trio.CancelScope(shield=True):
                 await trio.aclose_forcefully(self.stream)
 
     def drain(self) -> None:
         """Stop reading requests; answer those already read, then close (graceful shutdown)."""
-        self._draining.set()
-        if self._receiving is not None:
-            self._receiving.cancel()
+        self._receiver.drain()
 
     # --- reading -------------------------------------------------------------
 
-    def _sync_partial(self, reader: FrameReader) -> None:
-        """Count the bytes of frames still arriving in the process-wide pool."""
-        held = reader.buffered()
-        if held and not self._partial:
-            self._frame_started = trio.current_time()
-        self._pool.add(held - self._partial)
-        self._partial = held
-
-    async def _receive(self) -> bytes | None:
-        """The client's next bytes (b"" at EOF), or None when draining; closes on a deadline."""
-        while not self._draining.is_set():
-            if self._partial:
-                deadline = self._frame_started + self.limits.frame_timeout
-            else:
-                deadline = self._last_active + self.limits.idle_timeout
-            with trio.CancelScope(deadline=deadline) as self._receiving:
-                await self._pool.wait_to_read(self._budget.used + self._partial)
-                data = await self.stream.receive_some(65536)
-                self._last_active = trio.current_time()
-                return data
-            self._receiving = None
-            now = trio.current_time()
-            if self._draining.is_set():
-                break
-            if self._partial and now >= self._frame_started + self.limits.frame_timeout:
-                log.warning("client %s: a frame was not completed within %.0f s, closing", self.id, self.limits.frame_timeout)
-                raise _Close("frame_timeout")
-            if not self._partial and not self._inflight and now >= self._last_active + self.limits.idle_timeout:
-                log.info("client %s: idle for %.0f s, closing", self.id, self.limits.idle_timeout)
-                raise _Close("idle_timeout")
-            # Requests in flight: the connection is not idle. Look again later.
-            self._last_active = max(self._last_active, now - self.limits.idle_timeout / 2)
-        return None
-
     async def _read(self, send: trio.MemorySendChannel[ResponseSlot]) -> None:
         reader = FrameReader(self.limits.max_frame_bytes)
+        holding = False  # a capacity token for the next request
         while True:
+            if not holding:
+                await self._capacity.acquire()
+                holding = True
             try:
                 payload = reader.next_frame()
             except Malformed as e:
                 log.warning("client %s: malformed frame, closing: %s", self.id, e)
                 raise _Close("malformed") from e
-            self._sync_partial(reader)
+            self._receiver.sync_partial(reader)
             if payload is None:
-                data = await self._receive()
+                data = await self._receiver.receive(busy=lambda: self._inflight > 0)
                 if data is None:
                     return  # draining: every complete request read is answered; no new ones
                 if not data:
@@ -230,7 +259,7 @@ class ClientConnection:
                         log.warning("client %s: connection ended inside a frame", self.id)
                     raise _Close("eof")
                 reader.feed(data)
-                self._sync_partial(reader)
+                self._receiver.sync_partial(reader)
                 continue
             metrics.BYTES.labels("client_in").inc(len(payload) + 4)
             read_at = time.time_ns() if self.capture is not None and self.capture.sampled() else None
@@ -245,6 +274,7 @@ class ClientConnection:
             metrics.INFLIGHT.inc()
             self._inflight += 1
             await send.send(slot)
+            holding = False  # the slot has it now; the writer gives it back
             if isinstance(plan, LocalReply):
                 _count_errors(plan.errors)
                 self._answer(slot, plan.header, plan.body if plan.expect_response else None)
@@ -326,6 +356,7 @@ class ClientConnection:
             await slot.done.wait()
             metrics.INFLIGHT.dec()
             self._inflight -= 1
+            self._capacity.release()
             if slot.close is not None:
                 raise _Close(slot.close)
             if slot.parts is not None:
@@ -336,7 +367,7 @@ class ClientConnection:
                 if writing.cancelled_caught:
                     log.warning("client %s: did not read a response within %.0f s, closing", self.id, self.limits.frame_timeout)
                     raise _Close("frame_timeout")
-                self._last_active = trio.current_time()  # idle counts from the last byte either way
+                self._receiver.last_active = trio.current_time()  # idle counts from the last byte either way
                 metrics.BYTES.labels("client_out").inc(len(data))
             metrics.CLIENT_LATENCY.labels(str(slot.api_key)).observe(trio.current_time() - slot.started)
             self._budget.release(slot.size)
@@ -377,12 +408,54 @@ def _capture_row(
     )
 
 
+class Connections:
+    """The open client connections: what a graceful stop drains, and waits for.
+
+    :meth:`track` holds a connection in the set while it runs.
+    """
+
+    def __init__(self) -> None:
+        self._open: set[ClientConnection] = set()
+        self._empty = trio.Event()  # set while no connection is open
+        self._empty.set()
+
+    def __len__(self) -> int:
+        return len(self._open)
+
+    def __iter__(self) -> Iterator[ClientConnection]:
+        return iter(list(self._open))
+
+    def add(self, conn: ClientConnection) -> None:
+        if self._empty.is_set():
+            self._empty = trio.Event()
+        self._open.add(conn)
+
+    def discard(self, conn: ClientConnection) -> None:
+        self._open.discard(conn)
+        if not self._open:
+            self._empty.set()
+
+    @contextmanager
+    def track(self, conn: ClientConnection) -> Iterator[ClientConnection]:
+        """Count ``conn`` as open for the duration of the ``with`` block."""
+        self.add(conn)
+        try:
+            yield conn
+        finally:
+            self.discard(conn)
+
+    async def wait_empty(self) -> None:
+        """Return once no connection is open (at once if none is)."""
+        while self._open:
+            await self._empty.wait()
+
+
 async def serve_client(
     stream: trio.abc.Stream,
     cluster: Cluster,
     identity: Identity,
     limits: Limits,
-    registry: set[ClientConnection] | None = None,
+    registry: Connections | None = None,
     capture: Capture | None = None,
     pool: MemoryPool | None = None,
 ) -> None:
@@ -399,12 +472,12 @@ async def serve_client(
     conn = ClientConnection(stream, cluster, identity, limits, capture, pool)
     log.debug("client %s connected", conn.id)
     metrics.CLIENT_CONNECTIONS.inc()
-    if registry is not None:
-        registry.add(conn)
     try:
-        await conn.run()
+        if registry is None:
+            await conn.run()
+        else:
+            with registry.track(conn):
+                await conn.run()
     finally:
         metrics.CLIENT_CONNECTIONS.dec()
-        if registry is not None:
-            registry.discard(conn)
     log.debug("client %s gone", conn.id)

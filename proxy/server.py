@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import logging
 import socket
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import partial
 
@@ -22,7 +20,7 @@ from backends.cluster import Cluster
 from . import metrics
 from .budget import MemoryPool
 from .capture import Capture, CaptureConfig
-from .connection import ClientConnection, Limits, serve_client
+from .connection import Connections, Limits, serve_client
 from .core import Identity
 
 log = logging.getLogger("kfan.server")
@@ -40,50 +38,6 @@ class ServerConfig:
     reuse_port: bool = False  # several worker processes share the listen port
     shutdown_timeout_s: float = 25.0
     capture: CaptureConfig | None = None
-
-
-class Connections:
-    """The open client connections: what a graceful stop drains, and waits for.
-
-    :meth:`track` holds a connection in the set while it runs. ``add`` and
-    ``discard`` (with ``len``) are the same as a set's, for callers that keep
-    a registry set themselves.
-    """
-
-    def __init__(self) -> None:
-        self._open: set[ClientConnection] = set()
-        self._empty = trio.Event()  # set while no connection is open
-        self._empty.set()
-
-    def __len__(self) -> int:
-        return len(self._open)
-
-    def __iter__(self) -> Iterator[ClientConnection]:
-        return iter(list(self._open))
-
-    def add(self, conn: ClientConnection) -> None:
-        if self._empty.is_set():
-            self._empty = trio.Event()
-        self._open.add(conn)
-
-    def discard(self, conn: ClientConnection) -> None:
-        self._open.discard(conn)
-        if not self._open:
-            self._empty.set()
-
-    @contextmanager
-    def track(self, conn: ClientConnection) -> Iterator[ClientConnection]:
-        """Count ``conn`` as open for the duration of the ``with`` block."""
-        self.add(conn)
-        try:
-            yield conn
-        finally:
-            self.discard(conn)
-
-    async def wait_empty(self) -> None:
-        """Return once no connection is open (at once if none is)."""
-        while self._open:
-            await self._empty.wait()
 
 
 @dataclass

@@ -112,7 +112,9 @@ def plan_split(route: Route, ctx: Context, hdr: RequestHeader, payload: memoryvi
 def unroutable_reply(forward: Forward) -> LocalReply:
     """Nothing routable: answer at once with per-partition errors."""
     reply = forward.merge(forward, {})
-    return LocalReply(forward.header, forward.expect_response, reply.body if forward.expect_response else [], reply.errors, forward.unknown_topics)
+    return LocalReply(
+        forward.header, forward.expect_response, reply.body if forward.expect_response else [], reply.errors, forward.unknown_topics
+    )
 
 
 def merge(plan: Forward, answers: Answers) -> Reply:

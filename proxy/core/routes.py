@@ -192,18 +192,10 @@ ROUTES: dict[int, Route] = {
         # Answered with kfan itself as the coordinator; the real one is learned on the way.
         Route(FIND_COORDINATOR, any_broker.plan, any_broker.merge, read_only=True, rewrite=identity.find_coordinator),
         Route(DESCRIBE_CLUSTER, any_broker.plan, any_broker.merge, read_only=True, rewrite=identity.describe_cluster),
-        Route(
-            DESCRIBE_TOPIC_PARTITIONS, any_broker.plan, any_broker.merge, read_only=True, rewrite=identity.describe_topic_partitions
-        ),
-        Route(
-            CREATE_TOPICS, any_broker.plan, any_broker.merge, read_only=False, changes_topology=True, prefers_controller=True
-        ),
-        Route(
-            DELETE_TOPICS, any_broker.plan, any_broker.merge, read_only=False, changes_topology=True, prefers_controller=True
-        ),
-        Route(
-            CREATE_PARTITIONS, any_broker.plan, any_broker.merge, read_only=False, changes_topology=True, prefers_controller=True
-        ),
+        Route(DESCRIBE_TOPIC_PARTITIONS, any_broker.plan, any_broker.merge, read_only=True, rewrite=identity.describe_topic_partitions),
+        Route(CREATE_TOPICS, any_broker.plan, any_broker.merge, read_only=False, changes_topology=True, prefers_controller=True),
+        Route(DELETE_TOPICS, any_broker.plan, any_broker.merge, read_only=False, changes_topology=True, prefers_controller=True),
+        Route(CREATE_PARTITIONS, any_broker.plan, any_broker.merge, read_only=False, changes_topology=True, prefers_controller=True),
         Route(ELECT_LEADERS, any_broker.plan, any_broker.merge, read_only=False, changes_topology=True, prefers_controller=True),
         Route(
             ALTER_PARTITION_REASSIGNMENTS,
