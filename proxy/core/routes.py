@@ -76,155 +76,65 @@ def _fields(request: tuple[str, str, str | None], response: tuple[str, str, str 
     return PartitionFields(FieldPath(*request), FieldPath(*response))
 
 
-ROUTES: dict[int, Route] = {
-    r.api: r
-    for r in (
-        # local: answered by kfan
-        Route(API_VERSIONS, local.plan, None, read_only=True),
-        # leader: split by partition leader, merged in client order
-        Route(
-            PRODUCE,
-            produce.plan,
-            leader.merge,
-            read_only=False,
-            layout=_fields(("topic_data", "partition_data", "index"), ("responses", "partition_responses", "index")),
-            failure=produce.FAILURE,
-        ),
-        Route(
-            FETCH,
-            fetch.plan,
-            fetch.merge,  # type: ignore[arg-type]
-            read_only=True,
-            layout=_fields(("topics", "partitions", "partition"), ("responses", "partitions", "partition_index")),
-            failure=fetch.FAILURE,
-        ),
-        Route(
-            LIST_OFFSETS,
-            leader.plan,
-            leader.merge,
-            read_only=True,
-            layout=_fields(("topics", "partitions", "partition_index"), ("topics", "partitions", "partition_index")),
-        ),
-        Route(
-            OFFSET_FOR_LEADER_EPOCH,
-            leader.plan,
-            leader.merge,
-            read_only=True,
-            layout=_fields(("topics", "partitions", "partition"), ("topics", "partitions", "partition")),
-        ),
-        Route(
-            DELETE_RECORDS,
-            leader.plan,
-            leader.merge,
-            read_only=False,
-            layout=_fields(("topics", "partitions", "partition_index"), ("topics", "partitions", "partition_index")),
-        ),
-        Route(
-            DESCRIBE_PRODUCERS,
-            leader.plan,
-            leader.merge,
-            read_only=True,
-            layout=_fields(("topics", "partition_indexes", None), ("topics", "partitions", "partition_index")),
-        ),
-        # coordinator: to the group or transaction coordinator; batched forms split by coordinator
-        Route(JOIN_GROUP, coordinator.plan, coordinator.merge, read_only=False, coordinator_key=group_id),
-        Route(SYNC_GROUP, coordinator.plan, coordinator.merge, read_only=False, coordinator_key=group_id),
-        Route(HEARTBEAT, coordinator.plan, coordinator.merge, read_only=False, coordinator_key=group_id),
-        Route(LEAVE_GROUP, coordinator.plan, coordinator.merge, read_only=False, coordinator_key=group_id),
-        Route(OFFSET_COMMIT, coordinator.plan, coordinator.merge, read_only=False, coordinator_key=group_id),
-        Route(
-            OFFSET_FETCH,
-            coordinator.plan,
-            coordinator.merge,
-            read_only=True,
-            coordinator_key=group_id,
-            batch=Batch(GROUP, "groups", "group_id", "groups", "group_id"),  # v8+
-        ),
-        Route(OFFSET_DELETE, coordinator.plan, coordinator.merge, read_only=False, coordinator_key=group_id),
-        Route(TXN_OFFSET_COMMIT, coordinator.plan, coordinator.merge, read_only=False, coordinator_key=group_id),
-        Route(CONSUMER_GROUP_HEARTBEAT, coordinator.plan, coordinator.merge, read_only=False, coordinator_key=group_id),
-        # Idempotent producers that are not transactional ask any broker.
-        Route(INIT_PRODUCER_ID, coordinator.plan, coordinator.merge, read_only=False, coordinator_key=transactional_id_if_any),
-        Route(
-            ADD_PARTITIONS_TO_TXN,
-            coordinator.plan,
-            coordinator.merge,
-            read_only=False,
-            coordinator_key=v3_transactional_id,
-            batch=Batch(TXN, "transactions", "transactional_id", "results_by_transaction", "transactional_id"),  # v4+
-        ),
-        Route(ADD_OFFSETS_TO_TXN, coordinator.plan, coordinator.merge, read_only=False, coordinator_key=transactional_id),
-        Route(END_TXN, coordinator.plan, coordinator.merge, read_only=False, coordinator_key=transactional_id),
-        Route(
-            DESCRIBE_GROUPS,
-            coordinator.plan,
-            coordinator.merge,
-            read_only=True,
-            batch=Batch(GROUP, "groups", None, "groups", "group_id"),
-        ),
-        Route(
-            DELETE_GROUPS,
-            coordinator.plan,
-            coordinator.merge,
-            read_only=False,
-            batch=Batch(GROUP, "groups_names", None, "results", "group_id"),
-        ),
-        Route(
-            CONSUMER_GROUP_DESCRIBE,
-            coordinator.plan,
-            coordinator.merge,
-            read_only=True,
-            batch=Batch(GROUP, "group_ids", None, "groups", "group_id"),
-        ),
-        Route(
-            DESCRIBE_TRANSACTIONS,
-            coordinator.plan,
-            coordinator.merge,
-            read_only=True,
-            batch=Batch(TXN, "transactional_ids", None, "transaction_states", "transactional_id"),
-        ),
-        # every broker: asked of each, answers concatenated
-        Route(LIST_GROUPS, broadcast.plan, broadcast.merge, read_only=True, broadcast_array="groups"),
-        Route(LIST_TRANSACTIONS, broadcast.plan, broadcast.merge, read_only=True, broadcast_array="transaction_states"),
-        Route(DESCRIBE_LOG_DIRS, broadcast.plan, broadcast.merge, read_only=True, broadcast_array="results"),
-        # any: whole to a live broker, identity rewritten in the answer
-        Route(METADATA, any_broker.plan, any_broker.merge, read_only=True, rewrite=identity.metadata),
-        # Answered with kfan itself as the coordinator; the real one is learned on the way.
-        Route(FIND_COORDINATOR, any_broker.plan, any_broker.merge, read_only=True, rewrite=identity.find_coordinator),
-        Route(DESCRIBE_CLUSTER, any_broker.plan, any_broker.merge, read_only=True, rewrite=identity.describe_cluster),
-        Route(DESCRIBE_TOPIC_PARTITIONS, any_broker.plan, any_broker.merge, read_only=True, rewrite=identity.describe_topic_partitions),
-        Route(CREATE_TOPICS, any_broker.plan, any_broker.merge, read_only=False, changes_topology=True, prefers_controller=True),
-        Route(DELETE_TOPICS, any_broker.plan, any_broker.merge, read_only=False, changes_topology=True, prefers_controller=True),
-        Route(CREATE_PARTITIONS, any_broker.plan, any_broker.merge, read_only=False, changes_topology=True, prefers_controller=True),
-        Route(ELECT_LEADERS, any_broker.plan, any_broker.merge, read_only=False, changes_topology=True, prefers_controller=True),
-        Route(
-            ALTER_PARTITION_REASSIGNMENTS,
-            any_broker.plan,
-            any_broker.merge,
-            read_only=False,
-            changes_topology=True,
-            prefers_controller=True,
-        ),
-        Route(
-            LIST_PARTITION_REASSIGNMENTS,
-            any_broker.plan,
-            any_broker.merge,
-            read_only=True,
-            prefers_controller=True,
-            rewrite=identity.list_partition_reassignments,
-        ),
-        # A BROKER resource naming kfan goes to one real broker, standing in for it.
-        Route(DESCRIBE_CONFIGS, any_broker.plan, any_broker.merge, read_only=True, broker_configs="results"),
-        Route(ALTER_CONFIGS, any_broker.plan, any_broker.merge, read_only=False, broker_configs="responses"),
-        Route(INCREMENTAL_ALTER_CONFIGS, any_broker.plan, any_broker.merge, read_only=False, broker_configs="responses"),
-        Route(DESCRIBE_ACLS, any_broker.plan, any_broker.merge, read_only=True),
-        Route(CREATE_ACLS, any_broker.plan, any_broker.merge, read_only=False),
-        Route(DELETE_ACLS, any_broker.plan, any_broker.merge, read_only=False),
-        Route(DESCRIBE_CLIENT_QUOTAS, any_broker.plan, any_broker.merge, read_only=True),
-        Route(ALTER_CLIENT_QUOTAS, any_broker.plan, any_broker.merge, read_only=False),
-        Route(DESCRIBE_USER_SCRAM_CREDENTIALS, any_broker.plan, any_broker.merge, read_only=True),
-    )
-}
+# fmt: off
+_ROWS = (
+    # local: answered by kfan
+    Route(API_VERSIONS, local.plan, None, read_only=True),
+    # leader: split by partition leader, merged in client order
+    Route(PRODUCE, produce.plan, leader.merge, read_only=False, layout=_fields(("topic_data", "partition_data", "index"), ("responses", "partition_responses", "index")), failure=produce.FAILURE),
+    Route(FETCH, fetch.plan, fetch.merge, read_only=True, layout=_fields(("topics", "partitions", "partition"), ("responses", "partitions", "partition_index")), failure=fetch.FAILURE),  # type: ignore[arg-type]
+    Route(LIST_OFFSETS, leader.plan, leader.merge, read_only=True, layout=_fields(("topics", "partitions", "partition_index"), ("topics", "partitions", "partition_index"))),
+    Route(OFFSET_FOR_LEADER_EPOCH, leader.plan, leader.merge, read_only=True, layout=_fields(("topics", "partitions", "partition"), ("topics", "partitions", "partition"))),
+    Route(DELETE_RECORDS, leader.plan, leader.merge, read_only=False, layout=_fields(("topics", "partitions", "partition_index"), ("topics", "partitions", "partition_index"))),
+    Route(DESCRIBE_PRODUCERS, leader.plan, leader.merge, read_only=True, layout=_fields(("topics", "partition_indexes", None), ("topics", "partitions", "partition_index"))),
+    # coordinator: to the group or transaction coordinator; batched forms split by coordinator
+    Route(JOIN_GROUP, coordinator.plan, coordinator.merge, read_only=False, coordinator_key=group_id),
+    Route(SYNC_GROUP, coordinator.plan, coordinator.merge, read_only=False, coordinator_key=group_id),
+    Route(HEARTBEAT, coordinator.plan, coordinator.merge, read_only=False, coordinator_key=group_id),
+    Route(LEAVE_GROUP, coordinator.plan, coordinator.merge, read_only=False, coordinator_key=group_id),
+    Route(OFFSET_COMMIT, coordinator.plan, coordinator.merge, read_only=False, coordinator_key=group_id),
+    Route(OFFSET_FETCH, coordinator.plan, coordinator.merge, read_only=True, coordinator_key=group_id, batch=Batch(GROUP, "groups", "group_id", "groups", "group_id")),  # v8+
+    Route(OFFSET_DELETE, coordinator.plan, coordinator.merge, read_only=False, coordinator_key=group_id),
+    Route(TXN_OFFSET_COMMIT, coordinator.plan, coordinator.merge, read_only=False, coordinator_key=group_id),
+    Route(CONSUMER_GROUP_HEARTBEAT, coordinator.plan, coordinator.merge, read_only=False, coordinator_key=group_id),
+    # Idempotent producers that are not transactional ask any broker.
+    Route(INIT_PRODUCER_ID, coordinator.plan, coordinator.merge, read_only=False, coordinator_key=transactional_id_if_any),
+    Route(ADD_PARTITIONS_TO_TXN, coordinator.plan, coordinator.merge, read_only=False, coordinator_key=v3_transactional_id, batch=Batch(TXN, "transactions", "transactional_id", "results_by_transaction", "transactional_id")),  # v4+
+    Route(ADD_OFFSETS_TO_TXN, coordinator.plan, coordinator.merge, read_only=False, coordinator_key=transactional_id),
+    Route(END_TXN, coordinator.plan, coordinator.merge, read_only=False, coordinator_key=transactional_id),
+    Route(DESCRIBE_GROUPS, coordinator.plan, coordinator.merge, read_only=True, batch=Batch(GROUP, "groups", None, "groups", "group_id")),
+    Route(DELETE_GROUPS, coordinator.plan, coordinator.merge, read_only=False, batch=Batch(GROUP, "groups_names", None, "results", "group_id")),
+    Route(CONSUMER_GROUP_DESCRIBE, coordinator.plan, coordinator.merge, read_only=True, batch=Batch(GROUP, "group_ids", None, "groups", "group_id")),
+    Route(DESCRIBE_TRANSACTIONS, coordinator.plan, coordinator.merge, read_only=True, batch=Batch(TXN, "transactional_ids", None, "transaction_states", "transactional_id")),
+    # every broker: asked of each, answers concatenated
+    Route(LIST_GROUPS, broadcast.plan, broadcast.merge, read_only=True, broadcast_array="groups"),
+    Route(LIST_TRANSACTIONS, broadcast.plan, broadcast.merge, read_only=True, broadcast_array="transaction_states"),
+    Route(DESCRIBE_LOG_DIRS, broadcast.plan, broadcast.merge, read_only=True, broadcast_array="results"),
+    # any: whole to a live broker, identity rewritten in the answer
+    Route(METADATA, any_broker.plan, any_broker.merge, read_only=True, rewrite=identity.metadata),
+    # Answered with kfan itself as the coordinator; the real one is learned on the way.
+    Route(FIND_COORDINATOR, any_broker.plan, any_broker.merge, read_only=True, rewrite=identity.find_coordinator),
+    Route(DESCRIBE_CLUSTER, any_broker.plan, any_broker.merge, read_only=True, rewrite=identity.describe_cluster),
+    Route(DESCRIBE_TOPIC_PARTITIONS, any_broker.plan, any_broker.merge, read_only=True, rewrite=identity.describe_topic_partitions),
+    Route(CREATE_TOPICS, any_broker.plan, any_broker.merge, read_only=False, changes_topology=True, prefers_controller=True),
+    Route(DELETE_TOPICS, any_broker.plan, any_broker.merge, read_only=False, changes_topology=True, prefers_controller=True),
+    Route(CREATE_PARTITIONS, any_broker.plan, any_broker.merge, read_only=False, changes_topology=True, prefers_controller=True),
+    Route(ELECT_LEADERS, any_broker.plan, any_broker.merge, read_only=False, changes_topology=True, prefers_controller=True),
+    Route(ALTER_PARTITION_REASSIGNMENTS, any_broker.plan, any_broker.merge, read_only=False, changes_topology=True, prefers_controller=True),
+    Route(LIST_PARTITION_REASSIGNMENTS, any_broker.plan, any_broker.merge, read_only=True, prefers_controller=True, rewrite=identity.list_partition_reassignments),
+    # A BROKER resource naming kfan goes to one real broker, standing in for it.
+    Route(DESCRIBE_CONFIGS, any_broker.plan, any_broker.merge, read_only=True, broker_configs="results"),
+    Route(ALTER_CONFIGS, any_broker.plan, any_broker.merge, read_only=False, broker_configs="responses"),
+    Route(INCREMENTAL_ALTER_CONFIGS, any_broker.plan, any_broker.merge, read_only=False, broker_configs="responses"),
+    Route(DESCRIBE_ACLS, any_broker.plan, any_broker.merge, read_only=True),
+    Route(CREATE_ACLS, any_broker.plan, any_broker.merge, read_only=False),
+    Route(DELETE_ACLS, any_broker.plan, any_broker.merge, read_only=False),
+    Route(DESCRIBE_CLIENT_QUOTAS, any_broker.plan, any_broker.merge, read_only=True),
+    Route(ALTER_CLIENT_QUOTAS, any_broker.plan, any_broker.merge, read_only=False),
+    Route(DESCRIBE_USER_SCRAM_CREDENTIALS, any_broker.plan, any_broker.merge, read_only=True),
+)
+# fmt: on
+ROUTES: dict[int, Route] = {r.api: r for r in _ROWS}
 
 # The README's names for the planners' policies.
 _POLICIES = {
