@@ -50,7 +50,7 @@ from kio.schema.types import BrokerId, GroupId, TopicName
 from kio.static.primitive import i8, i32, i32Timedelta, i64
 
 from backends.mock import MockCluster
-from proxy import routing
+from proxy.core import ROUTES
 from proxy.kafka import apis
 from tests.support.kfan import Kfan
 from tests.support.rawclient import RawClient
@@ -495,7 +495,7 @@ def test_api_tansu_lacks_is_refused_as_tansu_refuses_it(kfan_tansu: Kfan, tansu:
     clients' errors for them are compared in the two lifecycle tests above.
     """
     broker, kfan = _api_versions(_host_port(tansu.bootstrap)), _api_versions(kfan_tansu.address)
-    lacking = set(routing.ROUTES) - set(broker) - {apis.API_VERSIONS}
+    lacking = set(ROUTES) - set(broker) - {apis.API_VERSIONS}
     assert apis.ALTER_CONFIGS in lacking, "the raw request below needs an API Tansu lacks"
     assert not lacking & set(kfan), f"kfan advertises APIs its broker lacks: {sorted(lacking & set(kfan))}"
     for api_key, (lo, hi) in kfan.items():

@@ -19,23 +19,24 @@ from hypothesis import HealthCheck, given, reject, settings
 from hypothesis import strategies as st
 from kio.index import load_request_schema, load_response_schema
 
-from backends.topology import Topology
-from proxy import routing
-from proxy.core import Context, advertised_versions, layouts, plan_request, request_head
+from proxy.core import Context, LocalReply, NeedCoordinators, Response, advertised_versions, plan_request
+from proxy.core.leader import layouts_of
+from proxy.core.routes import ROUTES, policy
+from proxy.core.topology import Topology
 from proxy.kafka import apis, schema
 from proxy.kafka.frames import frame
-from proxy.kafka.headers import parse_request_header, response_header
-from tests.support.core_inputs import ALL_VERSIONS, BROKERS, IDENTITY
+from proxy.kafka.headers import parse_request_header, request_head, response_header
+from tests.support.core_inputs import ALL_VERSIONS, BROKERS, IDENTITY, body_of
 from tests.support.kio_oracle import kio_decode, kio_encode, request_payload
 
 ROOT = Path(__file__).resolve().parent.parent
-ROUTED = sorted(k for k, policy in routing.ROUTES.items() if policy is not routing.Policy.LOCAL)
+ROUTED = sorted(k for k, route in ROUTES.items() if policy(route) != "local")
 
 
 def _leaders_for(api_key: int, version: int, request: dict[str, Any], data: st.DataObject) -> Topology:
-    if routing.ROUTES[api_key] is not routing.Policy.LEADER:
+    if policy(ROUTES[api_key]) != "leader":
         return Topology(brokers=BROKERS)
-    layout, _ = layouts(api_key, version)
+    layout, _ = layouts_of(ROUTES[api_key], version)
     leaders: dict[str, dict[int, int]] = {}
     topic_ids = {}
     for key, p in layout.entries(request):
@@ -62,17 +63,17 @@ def test_every_known_version_plans_forwards_and_merges(api_key: int, data: st.Da
     request = schema.decode_body(schema.request_spec(api_key, version), kio_encode(entity))
     topology = _leaders_for(api_key, version, request, data)
     plan = plan_request(Context(IDENTITY, topology, ALL_VERSIONS), request_payload(entity))
-    if plan.unknown_coordinators:
+    if isinstance(plan, NeedCoordinators):
         # A batch naming several groups or transactions: once kfan has looked their coordinators up.
         found = {
-            c: data.draw(st.sampled_from([1, 2, 3, None]), label=f"coordinator of {c.key}")
-            for c in sorted(plan.unknown_coordinators, key=str)
+            c: data.draw(st.sampled_from([1, 2, 3, None]), label=f"coordinator of {c.key}") for c in sorted(plan.coordinators, key=str)
         }
         ctx = Context(IDENTITY, topology, ALL_VERSIONS, found.get, coordinators_looked_up=True)
         plan = plan_request(ctx, request_payload(entity))
+    assert not isinstance(plan, NeedCoordinators)
     answers: dict[Any, Any] = {}
-    for target, sub in plan.subs.items():
-        wire = frame([request_head(sub), struct.pack(">i", 9), *sub.tail])
+    for target, sub in ({} if isinstance(plan, LocalReply) else plan.subs).items():
+        wire = frame([request_head(sub.api_key, sub.api_version), struct.pack(">i", 9), *sub.tail])
         assert struct.unpack_from(">i", wire)[0] == len(wire) - 4
         hdr = parse_request_header(wire[4:])
         assert (hdr.api_key, hdr.api_version, hdr.correlation_id) == (api_key, version, 9)
@@ -82,9 +83,8 @@ def test_every_known_version_plans_forwards_and_merges(api_key: int, data: st.Da
             kio_decode(type(resp), kio_encode(resp))
         except ValueError:
             reject()
-        answers[target] = response_header(api_key, version, 9) + kio_encode(resp)
-    body = plan.reply if plan.merge is None else plan.merge(answers).body
-    assert body is not None
+        answers[target] = Response(response_header(api_key, version, 9) + kio_encode(resp))
+    body = body_of(plan, answers)
     kio_decode(load_response_schema(api_key, version), b"".join(bytes(p) for p in body))
 
 
@@ -97,9 +97,9 @@ def _readme_table() -> dict[int, tuple[str, int, int, str]]:
 
 def test_readme_api_table_matches_the_code() -> None:
     implemented = advertised_versions([])
-    expected = {k: (routing.api_name(k), lo, hi, routing.ROUTES[k].value) for k, (lo, hi) in implemented.items()}
+    expected = {k: (apis.api_name(k), lo, hi, policy(ROUTES[k])) for k, (lo, hi) in implemented.items()}
     assert _readme_table() == expected
 
 
 def test_every_routed_api_is_implemented_at_some_version() -> None:
-    assert set(advertised_versions([])) == set(routing.ROUTES)
+    assert set(advertised_versions([])) == set(ROUTES)

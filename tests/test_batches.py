@@ -22,23 +22,39 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 from kio.index import load_request_schema, load_response_schema
 
-from backends.topology import Topology
-from proxy.core import BATCHES, EVERY_BROKER_ARRAYS, Context, Coordinator, batch_of, plan_request, request_head
+from proxy.core import (
+    ROUTES,
+    Context,
+    Coordinator,
+    Failed,
+    ForgetCoordinators,
+    Forward,
+    LocalReply,
+    NeedCoordinators,
+    Response,
+    plan_request,
+)
+from proxy.core.coordinator import batch_of
+from proxy.core.topology import Topology
 from proxy.kafka import errors, schema
 from proxy.kafka.frames import frame
-from proxy.kafka.headers import parse_request_header, response_header
-from tests.support.core_inputs import ALL_VERSIONS, BROKERS, IDENTITY
+from proxy.kafka.headers import parse_request_header, request_head, response_header
+from tests.support.core_inputs import ALL_VERSIONS, BROKERS, IDENTITY, effects_of
 from tests.support.kio_oracle import kio_decode, kio_encode, request_payload
+
+BATCHED = sorted(k for k, route in ROUTES.items() if route.batch is not None)
+EVERY_BROKER = sorted(k for k, route in ROUTES.items() if route.broadcast_array is not None)
 
 
 def _batched_versions(api_key: int) -> list[int]:
     lo, hi = ALL_VERSIONS[api_key]
-    batch = BATCHES[api_key]
+    batch = ROUTES[api_key].batch
+    assert batch is not None
     return [v for v in range(lo, hi + 1) if schema.request_spec(api_key, v).has(batch.request_array)]
 
 
 def _sub_request(api_key: int, version: int, sub: Any) -> dict[str, Any]:
-    wire = frame([request_head(sub), struct.pack(">i", 77), *sub.tail])
+    wire = frame([request_head(sub.api_key, sub.api_version), struct.pack(">i", 77), *sub.tail])
     (size,) = struct.unpack_from(">i", wire)
     assert size == len(wire) - 4, "exactly one size prefix, equal to the length"
     payload = wire[4:]
@@ -65,14 +81,16 @@ def _marker_of(entry: dict[str, Any]) -> int:
     return int(results[0]["name"][1:]) if results and results[0]["name"].startswith("m") else -1
 
 
-@pytest.mark.parametrize("api_key", sorted(BATCHES))
+@pytest.mark.parametrize("api_key", BATCHED)
 @settings(max_examples=30, suppress_health_check=list(HealthCheck), deadline=None)
 @given(data=st.data())
 def test_batched_split_then_merge_keeps_every_entry_once_in_client_order(api_key: int, data: st.DataObject) -> None:
     versions = _batched_versions(api_key)
     assume(versions)
     version = data.draw(st.sampled_from(versions), label="version")
-    batch = BATCHES[api_key]
+    route = ROUTES[api_key]
+    batch = route.batch
+    assert batch is not None
     entity = data.draw(st.from_type(load_request_schema(api_key, version)), label="request")
     # Random keys collide rarely; draw entries from a few keys so coordinators share and repeat.
     keys = data.draw(st.lists(st.sampled_from(["a", "b", "c", "d"]), min_size=2, max_size=8), label="keys")
@@ -87,23 +105,25 @@ def test_batched_split_then_merge_keeps_every_entry_once_in_client_order(api_key
     payload = request_payload(entity)
     hdr = parse_request_header(payload)
     payload = payload[: hdr.body_offset] + b"".join(bytes(x) for x in schema.encode_body(schema.request_spec(api_key, version), request))
-    assert batch_of(api_key, request) is batch
+    assert batch_of(route, request) is batch
 
     first = plan_request(Context(IDENTITY, Topology(brokers=BROKERS), ALL_VERSIONS), payload)
-    assert first.unknown_coordinators == {Coordinator(batch.key_type, k) for k in keys}, "looked up all at once"
-    assert not first.subs
+    assert isinstance(first, NeedCoordinators), "nothing sent before the lookup"
+    assert first.coordinators == {Coordinator(batch.key_type, k) for k in keys}, "looked up all at once"
     # What the lookup found: a coordinating broker per key, or nothing (None).
     found = {k: data.draw(st.sampled_from([*sorted(BROKERS), None]), label=f"coordinator of {k}") for k in sorted(set(keys))}
     coordinator_of = {Coordinator(batch.key_type, k): b for k, b in found.items() if b is not None}
     ctx = Context(IDENTITY, Topology(brokers=BROKERS), ALL_VERSIONS, coordinator_of.get, coordinators_looked_up=True)
     plan = plan_request(ctx, payload)
-    assert set(plan.subs) == {b for b in found.values() if b is not None}
+    assert isinstance(plan, Forward | LocalReply)
+    subs = plan.subs if isinstance(plan, Forward) else {}
+    assert set(subs) == {b for b in found.values() if b is not None}
     failed_brokers = data.draw(st.sets(st.sampled_from(sorted(BROKERS))), label="failed brokers")
     failed = {k for k, b in found.items() if b is None or b in failed_brokers}
     answers: dict[Any, Any] = {}
     # Distinct, valid error codes (kio checks them) that say nothing about coordinators.
     marker = dict(zip(sorted(set(keys)), (69, 25, 22, 24), strict=False))
-    for target, sub in plan.subs.items():
+    for target, sub in subs.items():
         sub_request = _sub_request(api_key, version, sub)
         mine = sub_request[batch.request_array]
         assert [e if batch.request_key is None else e[batch.request_key] for e in mine] == [k for k in keys if found[k] == target]
@@ -111,18 +131,18 @@ def test_batched_split_then_merge_keeps_every_entry_once_in_client_order(api_key
             if name != batch.request_array:
                 assert sub_request.get(name) == request[name], name
         if target in failed_brokers:
-            answers[target] = errors.NETWORK_EXCEPTION
+            answers[target] = Failed(errors.NETWORK_EXCEPTION)
             continue
         spec = schema.response_spec(api_key, version)
         body = spec.blank()
         body[batch.response_array] = [
             _answer_entry(api_key, version, batch, e, marker[e if batch.request_key is None else e[batch.request_key]]) for e in mine
         ]
-        answers[target] = response_header(api_key, version, 77) + b"".join(bytes(x) for x in schema.encode_body(spec, body))
-    if not plan.subs:
-        assert plan.reply is not None and plan.merge is None, "nothing to send: answered at once"
+        answers[target] = Response(response_header(api_key, version, 77) + b"".join(bytes(x) for x in schema.encode_body(spec, body)))
+    if not subs:
+        assert isinstance(plan, LocalReply), "nothing to send: answered at once"
 
-    body_parts = plan.reply if plan.merge is None else (outcome := plan.merge(answers)).body
+    body_parts = plan.body if isinstance(plan, LocalReply) else (reply := plan.merge(plan, answers)).body
     out = kio_decode(load_response_schema(api_key, version), b"".join(bytes(p) for p in body_parts))
     response = schema.decode_body(schema.response_spec(api_key, version), kio_encode(out))
     entries = response[batch.response_array]
@@ -137,11 +157,12 @@ def test_batched_split_then_merge_keeps_every_entry_once_in_client_order(api_key
             assert all(c == errors.NOT_COORDINATOR for c in codes)
         else:
             assert _marker_of(entry) == marker[key]
-    if plan.merge is not None:
-        assert outcome.moved == {Coordinator(batch.key_type, k) for k in keys if found[k] in failed_brokers}
+    if isinstance(plan, Forward):
+        moved = {Coordinator(batch.key_type, k) for k in keys if found[k] in failed_brokers}
+        assert effects_of(reply, ForgetCoordinators) == ([ForgetCoordinators(frozenset(moved))] if moved else [])
 
 
-@pytest.mark.parametrize("api_key", sorted(EVERY_BROKER_ARRAYS))
+@pytest.mark.parametrize("api_key", EVERY_BROKER)
 @settings(max_examples=30, suppress_health_check=list(HealthCheck), deadline=None)
 @given(data=st.data())
 def test_every_broker_answers_are_concatenated_in_broker_order(api_key: int, data: st.DataObject) -> None:
@@ -149,10 +170,12 @@ def test_every_broker_answers_are_concatenated_in_broker_order(api_key: int, dat
     version = data.draw(st.integers(lo, hi), label="version")
     entity = data.draw(st.from_type(load_request_schema(api_key, version)), label="request")
     plan = plan_request(Context(IDENTITY, Topology(brokers=BROKERS), ALL_VERSIONS), request_payload(entity))
+    assert isinstance(plan, Forward)
     assert sorted(plan.subs) == sorted(BROKERS)
     for sub in plan.subs.values():
         assert b"".join(bytes(x) for x in sub.tail)[4:] == request_payload(entity)[8:][4:], "forwarded whole"
-    array = EVERY_BROKER_ARRAYS[api_key]
+    array = ROUTES[api_key].broadcast_array
+    assert array is not None
     failed = data.draw(st.sets(st.sampled_from(sorted(BROKERS))), label="failed brokers")
     spec = schema.response_spec(api_key, version)
     has_error = spec.has("error_code")
@@ -165,12 +188,11 @@ def test_every_broker_answers_are_concatenated_in_broker_order(api_key: int, dat
         if has_error:
             decoded["error_code"] = 0
         if broker in failed:
-            answers[broker] = errors.NETWORK_EXCEPTION
+            answers[broker] = Failed(errors.NETWORK_EXCEPTION)
             continue
         expected.extend(decoded[array])
-        answers[broker] = response_header(api_key, version, 5) + b"".join(bytes(x) for x in schema.encode_body(spec, decoded))
-    assert plan.merge is not None
-    merged = kio_decode(load_response_schema(api_key, version), b"".join(bytes(p) for p in plan.merge(answers).body))
+        answers[broker] = Response(response_header(api_key, version, 5) + b"".join(bytes(x) for x in schema.encode_body(spec, decoded)))
+    merged = kio_decode(load_response_schema(api_key, version), b"".join(bytes(p) for p in plan.merge(plan, answers).body))
     out = schema.decode_body(spec, kio_encode(merged))
     assert out[array] == expected
     if has_error:

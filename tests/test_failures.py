@@ -481,12 +481,15 @@ def test_start_with_two_of_three_brokers_down() -> None:
 
 
 def test_failed_broker_codes_are_ones_clients_retry() -> None:
-    from proxy.core import broker_failure_code
+    from proxy.core import ROUTES
 
-    assert broker_failure_code(apis.PRODUCE, written=True) == errors.REQUEST_TIMED_OUT  # maybe written
-    assert broker_failure_code(apis.PRODUCE, written=False) == errors.NOT_LEADER_OR_FOLLOWER  # not written
-    assert broker_failure_code(apis.FETCH, written=True) == broker_failure_code(apis.FETCH, written=False) == 6
-    assert broker_failure_code(apis.DELETE_RECORDS, written=True) == errors.NETWORK_EXCEPTION
+    def failure_code(api_key: int, written: bool) -> int:
+        return ROUTES[api_key].failure.code(written)
+
+    assert failure_code(apis.PRODUCE, written=True) == errors.REQUEST_TIMED_OUT  # maybe written
+    assert failure_code(apis.PRODUCE, written=False) == errors.NOT_LEADER_OR_FOLLOWER  # not written
+    assert failure_code(apis.FETCH, written=True) == failure_code(apis.FETCH, written=False) == 6
+    assert failure_code(apis.DELETE_RECORDS, written=True) == errors.NETWORK_EXCEPTION
 
 
 def test_metadata_reports_a_partition_whose_leader_is_down_as_leaderless() -> None:
@@ -494,8 +497,8 @@ def test_metadata_reports_a_partition_whose_leader_is_down_as_leaderless() -> No
     from kio.schema.metadata.v12.request import MetadataRequest
     from kio.schema.metadata.v12.response import MetadataResponse, MetadataResponseBroker, MetadataResponsePartition, MetadataResponseTopic
 
-    from backends.topology import Topology
-    from proxy.core import ANY, Context, Identity, plan_request
+    from proxy.core import ANY_BROKER, Context, FoldMetadata, Forward, Identity, Response, plan_request
+    from proxy.core.topology import Topology
     from proxy.kafka.headers import response_header
     from tests.support.kio_oracle import kio_decode, kio_encode, request_payload
 
@@ -522,9 +525,9 @@ def test_metadata_reports_a_partition_whose_leader_is_down_as_leaderless() -> No
     plan = plan_request(
         ctx, request_payload(MetadataRequest(topics=None, allow_auto_topic_creation=False, include_topic_authorized_operations=False))
     )
-    assert plan.merge is not None
-    outcome = plan.merge({ANY: response_header(apis.METADATA, 12, 1) + kio_encode(answer)})
-    out = kio_decode(MetadataResponse, b"".join(bytes(p) for p in outcome.body))
+    assert isinstance(plan, Forward)
+    reply = plan.merge(plan, {ANY_BROKER: Response(response_header(apis.METADATA, 12, 1) + kio_encode(answer))})
+    out = kio_decode(MetadataResponse, b"".join(bytes(p) for p in reply.body))
     got = [(p.partition_index, p.leader_id, p.error_code) for p in out.topics[0].partitions]
     assert got == [
         (0, 7, ErrorCode.none),
@@ -532,20 +535,21 @@ def test_metadata_reports_a_partition_whose_leader_is_down_as_leaderless() -> No
         (2, 7, ErrorCode.none),
         (3, -1, ErrorCode.leader_not_available),
     ]
-    assert outcome.metadata is not None and outcome.metadata["topics"][0]["partitions"][1]["leader_id"] == 2, "the topology keeps the truth"
+    (fold,) = [e for e in reply.effects if isinstance(e, FoldMetadata)]
+    assert fold.metadata["topics"][0]["partitions"][1]["leader_id"] == 2, "the topology keeps the truth"
 
 
 def test_requests_kfan_answers_alone_count_their_errors() -> None:
-    from backends.topology import Broker, Topology
-    from proxy.core import Context, Identity, plan_request
+    from proxy.core import Context, Identity, LocalReply, plan_request
+    from proxy.core.topology import Broker, Topology
     from tests.support.kio_oracle import request_payload
 
     topology = Topology(brokers={1: Broker(1, "b1", 9001)}, leaders={"t": {0: 1, 1: 2, 2: 2}})
     assert topology.absent_leaders() == {2: 2}
     ctx = Context(Identity(7, "kfan", 9092), topology, {apis.PRODUCE: (0, 9)})
     plan = plan_request(ctx, request_payload(produce_request("t", [1, 2], acks=-1)))
-    assert plan.reply is not None and not plan.subs, "nothing routable: kfan answers alone"
-    assert plan.reply_errors == {(errors.NOT_LEADER_OR_FOLLOWER, -1): 2}
+    assert isinstance(plan, LocalReply), "nothing routable: kfan answers alone"
+    assert plan.errors == {(errors.NOT_LEADER_OR_FOLLOWER, -1): 2}
 
 
 def test_a_request_that_never_left_kfan_is_not_written() -> None:

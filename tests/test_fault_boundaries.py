@@ -23,10 +23,27 @@ from typing import Any
 import pytest
 import trio
 
-from backends.cluster import Cluster, CoordinatorError, read_api_versions, read_coordinator, read_metadata
-from backends.topology import Broker, Topology
-from proxy import routing
-from proxy.core import Context, Coordinator, Identity, answer_marks, fetch_satisfied, plan_request
+from backends.cluster import Cluster
+from backends.control import read_api_versions, read_metadata
+from backends.coordinators import CoordinatorError, read_coordinator
+from proxy.core import (
+    ANY_BROKER,
+    ROUTES,
+    Context,
+    Coordinator,
+    FetchForward,
+    ForgetCoordinators,
+    Forward,
+    Identity,
+    KeyType,
+    LearnCoordinators,
+    NeedCoordinators,
+    RefreshTopology,
+    Response,
+    plan_request,
+)
+from proxy.core.fetch import answer_watermarks, satisfied
+from proxy.core.topology import Broker, Topology
 from proxy.kafka import apis, errors, schema
 from proxy.kafka.frames import FrameReader, frame
 from proxy.kafka.headers import parse_request_header, response_header
@@ -34,7 +51,7 @@ from proxy.kafka.wire import Malformed
 from tests.support.messages import answer_bytes, request_bytes
 
 IDENTITY = Identity(node_id=42, host="kfan.example", port=19092)
-ALL_VERSIONS = {k: (r.start, r.stop - 1) for k in routing.ROUTES if (r := schema.known_versions(k))}
+ALL_VERSIONS = {k: (r.start, r.stop - 1) for k in ROUTES if (r := schema.known_versions(k))}
 TOPIC_ID = uuid.UUID(int=7)
 
 
@@ -56,16 +73,34 @@ def test_unknown_tagged_field_in_a_coordinators_answer_reaches_the_client() -> N
     request = bytes.fromhex("000c00040000000700017800026700000001026d0000")
     answer = bytes.fromhex("000000000000000000000001630101")
     plan = plan_request(_context(), request)
+    assert isinstance(plan, Forward)
     (target,) = plan.subs
-    assert target == Coordinator(0, "g")
-    assert plan.merge is not None
-    outcome = plan.merge({target: answer})
+    assert target == Coordinator(KeyType.GROUP, "g")
+    reply = plan.merge(plan, {target: Response(answer)})
     # Passed through as the coordinator sent it, tag included.
-    assert b"".join(bytes(p) for p in outcome.body) == answer[5:]
-    assert not outcome.moved
+    assert b"".join(bytes(p) for p in reply.body) == answer[5:]
+    assert not any(isinstance(e, ForgetCoordinators) for e in reply.effects)
 
 
-def _fetch_plan() -> tuple[Any, bytes]:
+def test_a_find_coordinator_for_a_key_type_kfan_does_not_route_is_answered_not_learned() -> None:
+    # Share groups (KIP-932) look up key_type 2; the new core's KeyType raised
+    # ValueError on it and the connection closed (found by the fuzz suite).
+    request = request_bytes(apis.FIND_COORDINATOR, 4, {"key_type": 2, "coordinator_keys": ["sg"]})
+    answer = answer_bytes(
+        apis.FIND_COORDINATOR,
+        4,
+        {"coordinators": [{"key": "sg", "node_id": 2, "host": "broker2", "port": 9002, "error_code": 0, "error_message": None}]},
+    )
+    plan = plan_request(_context(), request)
+    assert isinstance(plan, Forward)
+    reply = plan.merge(plan, {ANY_BROKER: Response(answer)})
+    decoded = schema.decode_body(schema.response_spec(apis.FIND_COORDINATOR, 4), b"".join(bytes(p) for p in reply.body), 0)
+    (entry,) = decoded["coordinators"]
+    assert (entry["node_id"], entry["host"], entry["port"]) == (IDENTITY.node_id, IDENTITY.host, IDENTITY.port)
+    assert not any(isinstance(e, LearnCoordinators) for e in reply.effects)
+
+
+def _fetch_plan() -> tuple[FetchForward, bytes]:
     request = request_bytes(
         apis.FETCH,
         12,
@@ -78,7 +113,9 @@ def _fetch_plan() -> tuple[Any, bytes]:
             ],
         },
     )
-    return plan_request(_context(), request), request
+    plan = plan_request(_context(), request)
+    assert isinstance(plan, FetchForward)
+    return plan, request
 
 
 def _fetchanswer_bytes(partition: int, records: bytes) -> bytes:
@@ -91,19 +128,19 @@ def _fetchanswer_bytes(partition: int, records: bytes) -> bytes:
 def test_an_undecodable_fetch_answer_fails_only_its_brokers_partitions(garbage: bytes) -> None:
     plan, _ = _fetch_plan()
     assert set(plan.subs) == {1, 2, 3}
-    answers = {1: _fetchanswer_bytes(0, b"x" * 70), 2: garbage, 3: _fetchanswer_bytes(2, b"")}
+    answers = {1: Response(_fetchanswer_bytes(0, b"x" * 70)), 2: Response(garbage), 3: Response(_fetchanswer_bytes(2, b""))}
     # What the I/O layer asks while it waits must not raise either.
-    assert fetch_satisfied(plan.header, {2: garbage}, 1), "an undecodable answer is a failure to report at once"
-    assert answer_marks(plan.header, garbage) == {}
-    outcome = plan.merge(answers, {})
-    body = schema.decode_body(schema.response_spec(apis.FETCH, 12), b"".join(bytes(p) for p in outcome.body))
+    assert satisfied(plan.header, {2: Response(garbage)}, 1), "an undecodable answer is a failure to report at once"
+    assert answer_watermarks(plan, Response(garbage)) == {}
+    reply = plan.merge(plan, answers)
+    body = schema.decode_body(schema.response_spec(apis.FETCH, 12), b"".join(bytes(p) for p in reply.body))
     parts = {p["partition_index"]: p for t in body["responses"] for p in t["partitions"]}
     assert [p for p in parts] == [0, 1, 2]
     assert bytes(parts[0]["records"]) == b"x" * 70 and parts[0]["error_code"] == 0
     assert parts[1]["error_code"] == errors.NOT_LEADER_OR_FOLLOWER, "retriable, for the babbling broker's partition only"
     assert parts[2]["error_code"] == 0
-    assert (errors.NOT_LEADER_OR_FOLLOWER, 2) in outcome.errors
-    assert "t" in outcome.stale_topics
+    assert (errors.NOT_LEADER_OR_FOLLOWER, 2) in reply.errors
+    assert RefreshTopology() in reply.effects, "the topology is refreshed"
 
 
 def test_an_undecodable_produce_answer_is_maybe_written() -> None:
@@ -114,8 +151,9 @@ def test_an_undecodable_produce_answer_is_maybe_written() -> None:
         {"acks": -1, "timeout": 1000, "topic_data": [{"name": "t", "partition_data": [{"index": p, "records": batch} for p in range(3)]}]},
     )
     plan = plan_request(_context(), request)
-    outcome = plan.merge({1: b"\x00\x00\x00\x00", 2: b"\x00\x00\x00\x00", 3: b"\x00\x00\x00\x00"})
-    body = schema.decode_body(schema.response_spec(apis.PRODUCE, 9), b"".join(bytes(p) for p in outcome.body))
+    assert isinstance(plan, Forward)
+    reply = plan.merge(plan, {b: Response(b"\x00\x00\x00\x00") for b in (1, 2, 3)})
+    body = schema.decode_body(schema.response_spec(apis.PRODUCE, 9), b"".join(bytes(p) for p in reply.body))
     codes = [p["error_code"] for t in body["responses"] for p in t["partition_responses"]]
     # It may have been written: REQUEST_TIMED_OUT, which clients retry (never "success").
     assert codes == [errors.REQUEST_TIMED_OUT] * 3
@@ -123,20 +161,23 @@ def test_an_undecodable_produce_answer_is_maybe_written() -> None:
 
 def test_undecodable_answers_in_batched_and_every_broker_merges() -> None:
     describe = request_bytes(apis.DESCRIBE_GROUPS, 5, {"groups": ["a", "b"]})
-    known = {Coordinator(0, "a"): 1, Coordinator(0, "b"): 2}
+    a, b = Coordinator(KeyType.GROUP, "a"), Coordinator(KeyType.GROUP, "b")
+    known = {a: 1, b: 2}
     plan = plan_request(Context(IDENTITY, _context().topology, ALL_VERSIONS, known.get, coordinators_looked_up=True), describe)
+    assert isinstance(plan, Forward)
     assert set(plan.subs) == {1, 2}
-    outcome = plan.merge({1: b"\x00\x00\x00\x00\x00\xff", 2: b"junk"})
-    body = schema.decode_body(schema.response_spec(apis.DESCRIBE_GROUPS, 5), b"".join(bytes(p) for p in outcome.body))
+    reply = plan.merge(plan, {1: Response(b"\x00\x00\x00\x00\x00\xff"), 2: Response(b"junk")})
+    body = schema.decode_body(schema.response_spec(apis.DESCRIBE_GROUPS, 5), b"".join(bytes(p) for p in reply.body))
     assert [(g["group_id"], g["error_code"]) for g in body["groups"]] == [("a", errors.NOT_COORDINATOR), ("b", errors.NOT_COORDINATOR)]
-    assert outcome.moved == {Coordinator(0, "a"), Coordinator(0, "b")}
+    assert [e for e in reply.effects if isinstance(e, ForgetCoordinators)] == [ForgetCoordinators(frozenset({a, b}))]
 
     list_groups = request_bytes(apis.LIST_GROUPS, 4, {"states_filter": []})
     plan = plan_request(_context(), list_groups)
+    assert isinstance(plan, Forward)
     group = schema.response_spec(apis.LIST_GROUPS, 4).field("groups").struct.blank()  # type: ignore[union-attr]
     good = answer_bytes(apis.LIST_GROUPS, 4, {"error_code": 0, "groups": [{**group, "group_id": "g1", "protocol_type": "consumer"}]})
-    outcome = plan.merge({1: good, 2: b"\x00\x00\x00\x00\x00\x01", 3: good})
-    body = schema.decode_body(schema.response_spec(apis.LIST_GROUPS, 4), b"".join(bytes(p) for p in outcome.body))
+    reply = plan.merge(plan, {1: Response(good), 2: Response(b"\x00\x00\x00\x00\x00\x01"), 3: Response(good)})
+    body = schema.decode_body(schema.response_spec(apis.LIST_GROUPS, 4), b"".join(bytes(p) for p in reply.body))
     assert body["error_code"] == errors.COORDINATOR_NOT_AVAILABLE
     assert [g["group_id"] for g in body["groups"]] == ["g1", "g1"]
 
@@ -145,12 +186,12 @@ def test_describe_groups_of_16000_groups_is_planned_by_broker_in_linear_time() -
     def plan_both_passes(n: int) -> None:
         groups = [f"group-{i}" for i in range(n)]
         request = request_bytes(apis.DESCRIBE_GROUPS, 5, {"groups": groups})
-        coordinators = {Coordinator(0, g): 1 + i % 3 for i, g in enumerate(groups)}
+        coordinators = {Coordinator(KeyType.GROUP, g): 1 + i % 3 for i, g in enumerate(groups)}
         known = Context(IDENTITY, _context().topology, ALL_VERSIONS, coordinators.get, coordinators_looked_up=True)
         first = plan_request(_context(), request)  # nothing known yet: one bulk lookup asked for
         plan = plan_request(known, request)  # then one sub-request per coordinating broker
-        assert len(first.unknown_coordinators) == n and not first.subs
-        assert sorted(plan.subs) == [1, 2, 3]
+        assert isinstance(first, NeedCoordinators) and len(first.coordinators) == n
+        assert isinstance(plan, Forward) and sorted(plan.subs) == [1, 2, 3]
 
     def calls(n: int) -> int:
         """Python function calls made planning ``n`` groups: a measure of work that load cannot skew."""
@@ -390,23 +431,23 @@ async def test_an_undecodable_coordinator_answer_is_a_coordinator_error() -> Non
     async with _nursery() as nursery:
         cluster = await _started(nursery, broker, refresh_interval=60)
         with pytest.raises(CoordinatorError) as e:
-            await cluster.coordinator(Coordinator(0, ""))
+            await cluster.coordinator(Coordinator(KeyType.GROUP, ""))
         assert e.value.code == errors.COORDINATOR_NOT_AVAILABLE
         assert broker.requests.count(apis.FIND_COORDINATOR) == 5, "retried, then given up"
         nursery.cancel_scope.cancel()
 
 
 async def test_coordinator_cache_is_bounded_and_expires(monkeypatch: pytest.MonkeyPatch) -> None:
-    import backends.cluster as cluster_module
+    import backends.coordinators as coordinators_module
 
-    monkeypatch.setattr(cluster_module, "MAX_COORDINATORS", 100)
+    monkeypatch.setattr(coordinators_module, "MAX_COORDINATORS", 100)
     cluster = Cluster([("127.0.0.1", 1)])
     cluster.topology = Topology(brokers={1: Broker(1, "h", 1)})
-    cluster.learn({Coordinator(0, f"g{i}"): 1 for i in range(1000)})
+    cluster.learn({Coordinator(KeyType.GROUP, f"g{i}"): 1 for i in range(1000)})
     assert len(cluster.coordinators) == 100
-    assert Coordinator(0, "g999") in cluster.coordinators and Coordinator(0, "g0") not in cluster.coordinators
-    assert cluster.known_coordinator(Coordinator(0, "g999")) == 1
-    monkeypatch.setattr(cluster_module, "COORDINATOR_TTL", 0.0)
+    assert Coordinator(KeyType.GROUP, "g999") in cluster.coordinators and Coordinator(KeyType.GROUP, "g0") not in cluster.coordinators
+    assert cluster.known_coordinator(Coordinator(KeyType.GROUP, "g999")) == 1
+    monkeypatch.setattr(coordinators_module, "COORDINATOR_TTL", 0.0)
     await trio.sleep(0.01)
-    assert cluster.known_coordinator(Coordinator(0, "g999")) is None
-    assert Coordinator(0, "g999") not in cluster.coordinators
+    assert cluster.known_coordinator(Coordinator(KeyType.GROUP, "g999")) is None
+    assert Coordinator(KeyType.GROUP, "g999") not in cluster.coordinators

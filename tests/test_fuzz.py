@@ -17,8 +17,9 @@ from typing import Any
 import pytest
 from kio.index import load_request_schema, load_response_schema
 
-from backends.topology import Topology
-from proxy.core import BrokerUnavailable, Unsupported, answer_marks, fetch_satisfied
+from proxy.core import BrokerUnavailable, Failed, FetchForward, Forward, Response, Unsupported
+from proxy.core.fetch import answer_watermarks, satisfied
+from proxy.core.topology import Topology
 from proxy.kafka import apis, errors, schema
 from proxy.kafka.frames import FrameReader
 from proxy.kafka.headers import parse_request_header, response_body_offset
@@ -51,17 +52,17 @@ def test_valid_requests_plan_and_valid_answers_merge_into_responses_kio_decodes(
     merged = 0
     for payload in mutate.valid_requests():
         plan = client_frames.plan_frame(payload)
-        if plan.merge is None:
+        if not isinstance(plan, Forward):
             continue
         answers = mutate.valid_answers(plan)
         for answer in answers.values():
-            offset = response_body_offset(answer, plan.header.api_key, plan.header.api_version)
-            kio_decode(load_response_schema(plan.header.api_key, plan.header.api_version), answer, offset)
+            offset = response_body_offset(answer.payload, plan.header.api_key, plan.header.api_version)
+            kio_decode(load_response_schema(plan.header.api_key, plan.header.api_version), answer.payload, offset)
         try:
-            outcome = broker_answers.merge(plan, answers, {})
+            reply = broker_answers.merge(plan, answers, {})
         except BrokerUnavailable:
             continue
-        body = b"".join(bytes(p) for p in outcome.body)
+        body = b"".join(bytes(p) for p in reply.body)
         kio_decode(load_response_schema(plan.header.api_key, plan.header.api_version), body)
         merged += 1
     assert merged > 300
@@ -155,7 +156,7 @@ def test_huge_requests_plan_and_merge_in_linear_time(api_key: int) -> None:
     )
     _assert_clean(tally)
     assert ok
-    if plan.merge is not None and plan.subs:
+    if isinstance(plan, Forward) and plan.subs:
         answers = mutate.valid_answers(plan, random.Random(1), lean=True)
         check(
             tally,
@@ -175,9 +176,9 @@ FETCH_V6 = (
     "00010006000003ea0000ffffffff0000000a001000007fffffff000000000100066f7264657273000000030010000000000000000000000000000000000000000000"
     "0200000005000001000000000000000100000000000000000000000003ffffffffffffffff000000000000000000000005"
 )
-# name -> (request, what every broker answers: hex payload or an error code,
+# name -> (request, what every broker answers: hex payload or a failure,
 #          whether the merged response must decode: not when a coordinator's answer passes through as it came)
-BROKER_REGRESSIONS: dict[str, tuple[str, str | int, bool]] = {
+BROKER_REGRESSIONS: dict[str, tuple[str, str | Failed, bool]] = {
     # _error_codes called .endswith on the int key of an unknown tagged field.
     "Heartbeat v4: unknown tag in the coordinator's answer": (
         "000c00040000000700017800026700000001026d0000",
@@ -212,7 +213,7 @@ BROKER_REGRESSIONS: dict[str, tuple[str, str | int, bool]] = {
     "Fetch v6: empty answer": (FETCH_V6, "", True),
     "Fetch v6: random bytes": (FETCH_V6, "068fe8e0c35ba90a86bcab29c6f888eb2a443aca3eaf149b56f9725b4127a7e790e0", True),
     "Fetch v6: truncated count": (FETCH_V6, "000000090000000a00000002000000", True),
-    "Fetch v6: failed broker": (FETCH_V6, errors.NOT_LEADER_OR_FOLLOWER, True),
+    "Fetch v6: failed broker": (FETCH_V6, Failed(errors.NOT_LEADER_OR_FOLLOWER), True),
 }
 
 
@@ -220,29 +221,31 @@ BROKER_REGRESSIONS: dict[str, tuple[str, str | int, bool]] = {
 def test_broker_answers_regressions(name: str) -> None:
     request_hex, answer, must_decode = BROKER_REGRESSIONS[name]
     plan = mutate.plan(bytes.fromhex(request_hex))
-    assert plan.merge is not None and plan.subs, "the request still fans out to brokers"
-    answers: dict[Any, Any] = {t: answer if isinstance(answer, int) else bytes.fromhex(answer) for t in plan.subs}
+    assert isinstance(plan, Forward) and plan.subs, "the request still fans out to brokers"
+    answers: dict[Any, Any] = {t: answer if isinstance(answer, Failed) else Response(bytes.fromhex(answer)) for t in plan.subs}
     tally = Tally()
-    ok, outcome = check(
+    ok, reply = check(
         tally, "merge", 0, lambda: {"request": request_hex}, broker_answers.MERGE_ALLOWED, lambda: broker_answers.merge(plan, answers, {})
     )
     if plan.header.api_key == apis.FETCH:
-        check(tally, "fetch_satisfied", 0, dict, (), lambda: fetch_satisfied(plan.header, answers, 1))
+        assert isinstance(plan, FetchForward)
+        check(tally, "fetch_satisfied", 0, dict, (), lambda: satisfied(plan.header, answers, 1))
         for a in answers.values():
-            check(tally, "answer_marks", 0, dict, (), lambda a=a: answer_marks(plan.header, a))  # type: ignore[misc]
+            check(tally, "answer_watermarks", 0, dict, (), lambda a=a: answer_watermarks(plan, a))  # type: ignore[misc]
     _assert_clean(tally)
     if ok and must_decode:
         # The client gets a response it can read (a failed part as an error code).
-        schema.decode_body(schema.response_spec(plan.header.api_key, plan.header.api_version), b"".join(bytes(p) for p in outcome.body))
+        schema.decode_body(schema.response_spec(plan.header.api_key, plan.header.api_version), b"".join(bytes(p) for p in reply.body))
 
 
 def test_fetch_with_an_undecodable_answer_reports_that_brokers_partitions_retriable() -> None:
     plan = mutate.plan(bytes.fromhex(FETCH_V6))
-    answers = {t: b"" for t in plan.subs}
-    assert fetch_satisfied(plan.header, answers, 1), "an undecodable answer is an error to report at once"
-    assert answer_marks(plan.header, b"") == {}
-    outcome = broker_answers.merge(plan, answers, {})
-    body = schema.decode_body(schema.response_spec(1, 6), b"".join(bytes(p) for p in outcome.body))
+    assert isinstance(plan, FetchForward)
+    answers = {t: Response(b"") for t in plan.subs}
+    assert satisfied(plan.header, answers, 1), "an undecodable answer is an error to report at once"
+    assert answer_watermarks(plan, Response(b"")) == {}
+    reply = broker_answers.merge(plan, answers, {})
+    body = schema.decode_body(schema.response_spec(1, 6), b"".join(bytes(p) for p in reply.body))
     codes = {p["error_code"] for t in body["responses"] for p in t["partitions"]}
     assert codes and 0 not in codes
 
@@ -302,10 +305,10 @@ def test_campaign_reports_an_exception_plan_request_must_not_raise(monkeypatch: 
 def test_campaign_reports_malformed_escaping_a_merge(monkeypatch: pytest.MonkeyPatch) -> None:
     real = broker_answers.merge
 
-    def broken(plan: Any, answers: Any, marks: Any) -> Any:
-        if any(not isinstance(a, int) and len(a) < 8 for a in answers.values()):
+    def broken(plan: Any, answers: Any, watermarks: Any) -> Any:
+        if any(isinstance(a, Response) and len(a.payload) < 8 for a in answers.values()):
             raise Malformed("undecodable answer escaped")
-        return real(plan, answers, marks)
+        return real(plan, answers, watermarks)
 
     monkeypatch.setattr(broker_answers, "merge", broken)
     tally = Tally()
@@ -340,7 +343,9 @@ def test_mutators_are_deterministic_and_reach_what_they_claim() -> None:
     flexible = next(p for p in mutate.valid_requests() if schema.is_flexible(*struct.unpack(">hh", p[:4])))
     api_key, version = 3, mutate.API_VERSIONS[3][1]
     plan = mutate.plan(next(p for p in mutate.valid_requests() if struct.unpack(">hh", p[:4]) == (api_key, version)))
-    (answer,) = mutate.valid_answers(plan).values()
+    assert isinstance(plan, Forward)
+    (response,) = mutate.valid_answers(plan).values()
+    answer = bytes(response.payload)
     tagged = mutate.with_unknown_tags(api_key, version, answer, random.Random(3))
     assert tagged != answer
     body = schema.decode_body(schema.response_spec(api_key, version), tagged, response_body_offset(tagged, api_key, version))

@@ -20,12 +20,26 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 from kio.index import load_request_schema, load_response_schema
 
-from backends.topology import Topology
-from proxy.core import ANY, Context, layouts, plan_request, request_head
+from proxy.core import (
+    ANY_BROKER,
+    NOT_YET,
+    ROUTES,
+    Context,
+    Failed,
+    FetchForward,
+    FoldMetadata,
+    Forward,
+    LocalReply,
+    RememberWatermarks,
+    Response,
+    plan_request,
+)
+from proxy.core.leader import layouts_of
+from proxy.core.topology import Topology
 from proxy.kafka import apis, errors, schema
 from proxy.kafka.frames import FrameReader, frame
-from proxy.kafka.headers import parse_request_header, response_header
-from tests.support.core_inputs import ALL_VERSIONS, BROKERS, IDENTITY
+from proxy.kafka.headers import parse_request_header, request_head, response_header
+from tests.support.core_inputs import ALL_VERSIONS, BROKERS, IDENTITY, effects_of
 from tests.support.kio_oracle import kio_decode, kio_encode, request_payload
 
 PARTITIONED = [
@@ -36,8 +50,14 @@ PARTITIONED = [
     apis.DELETE_RECORDS,
     apis.DESCRIBE_PRODUCERS,
 ]
+
 # Per API, the response partition field that carries the leader's own answer.
 MARKER = {0: "base_offset", 1: "high_watermark", 2: "offset", 23: "end_offset", 21: "low_watermark", 61: "active_producers"}
+
+
+def layouts(api_key: int, version: int) -> Any:
+    """The request's and the response's partition layout of a leader-split API."""
+    return layouts_of(ROUTES[api_key], version)
 
 
 def _marker(broker: int, partition: int) -> int:
@@ -122,6 +142,8 @@ def test_split_then_merge_keeps_every_partition_once_in_client_order(api_key: in
     topo = _topology(request, req_layout, data)
     ctx = Context(IDENTITY, topo, {k: v for k, v in ALL_VERSIONS.items()})
     plan = plan_request(ctx, request_payload(entity, correlation_id=99))
+    assert isinstance(plan, Forward | LocalReply)
+    subs = plan.subs if isinstance(plan, Forward) else {}
 
     def leader(key: Any) -> int | None:
         name = str(key) if isinstance(key, uuid.UUID) else key
@@ -134,12 +156,12 @@ def test_split_then_merge_keeps_every_partition_once_in_client_order(api_key: in
         b = leader(key)
         if b is not None:
             expected_by_broker.setdefault(b, []).append((key, partition))
-    assert set(plan.subs) == set(expected_by_broker)
+    assert set(subs) == set(expected_by_broker)
     answers: dict[Any, Any] = {}
     failed = set(data.draw(st.sets(st.sampled_from(sorted(expected_by_broker) or [1])), label="failed brokers"))
-    for broker, sub in plan.subs.items():
+    for broker, sub in subs.items():
         assert sub.expect_response
-        wire = frame([request_head(sub), struct.pack(">i", 1234), *sub.tail])
+        wire = frame([request_head(sub.api_key, sub.api_version), struct.pack(">i", 1234), *sub.tail])
         (size,) = struct.unpack_from(">i", wire)
         assert size == len(wire) - 4, "exactly one size prefix, equal to the length"
         reader = FrameReader()
@@ -154,11 +176,12 @@ def test_split_then_merge_keeps_every_partition_once_in_client_order(api_key: in
         for name in request:
             if name not in (req_layout.topics, "session_id", "session_epoch", "forgotten_topics_data"):
                 assert sub_request.get(name) == request[name], name
-        answers[broker] = errors.NETWORK_EXCEPTION if broker in failed else _answer(api_key, version, sub_request, broker, 1234)
+        answers[broker] = (
+            Failed(errors.NETWORK_EXCEPTION) if broker in failed else Response(_answer(api_key, version, sub_request, broker, 1234))
+        )
 
     # Merge: every requested partition exactly once, in client order.
-    assert plan.merge is not None or plan.reply is not None
-    body = plan.reply if plan.merge is None else plan.merge(answers).body
+    body = plan.body if isinstance(plan, LocalReply) else plan.merge(plan, answers).body
     resp_cls = load_response_schema(api_key, version)
     response = schema.decode_body(
         schema.response_spec(api_key, version), kio_encode(kio_decode(resp_cls, b"".join(bytes(p) for p in body)))
@@ -181,8 +204,8 @@ def test_split_then_merge_keeps_every_partition_once_in_client_order(api_key: in
             assert entry["preferred_read_replica"] == -1
     for ep in response.get("node_endpoints", []):
         assert (ep["node_id"], ep["host"], ep["port"]) == (IDENTITY.node_id, IDENTITY.host, IDENTITY.port)
-    if "throttle_time" in response and plan.merge is not None:
-        ok = [b for b in plan.subs if b not in failed]
+    if "throttle_time" in response and isinstance(plan, Forward):
+        ok = [b for b in subs if b not in failed]
         assert response["throttle_time"] == max(ok, default=0)
 
 
@@ -195,9 +218,10 @@ def test_metadata_answers_name_only_kfan(data: st.DataObject) -> None:
     resp = data.draw(st.from_type(load_response_schema(apis.METADATA, version)))
     ctx = Context(IDENTITY, Topology(brokers=BROKERS), ALL_VERSIONS)
     plan = plan_request(ctx, request_payload(req))
-    assert set(plan.subs) == {ANY}
-    outcome = plan.merge({ANY: response_header(3, version, 1) + kio_encode(resp)})  # type: ignore[misc]
-    out = kio_decode(type(resp), b"".join(bytes(p) for p in outcome.body))
+    assert isinstance(plan, Forward)
+    assert set(plan.subs) == {ANY_BROKER}
+    reply = plan.merge(plan, {ANY_BROKER: Response(response_header(3, version, 1) + kio_encode(resp))})
+    out = kio_decode(type(resp), b"".join(bytes(p) for p in reply.body))
     assert [(b.node_id, b.host, b.port) for b in out.brokers] == [(42, "kfan.example", 19092)]
     if hasattr(out, "controller_id"):
         assert out.controller_id == 42
@@ -214,7 +238,7 @@ def test_metadata_answers_name_only_kfan(data: st.DataObject) -> None:
                 assert p.error_code == p0.error_code
             assert set(p.replica_nodes) <= {42} and len(p.replica_nodes) == len(p0.replica_nodes)
             assert set(p.isr_nodes) <= {42}
-    assert outcome.metadata is not None  # the real answer goes to the topology, not the client
+    assert len(effects_of(reply, FoldMetadata)) == 1  # the real answer goes to the topology, not the client
 
 
 def test_acks_zero_produce_expects_no_response() -> None:
@@ -229,6 +253,7 @@ def test_acks_zero_produce_expects_no_response() -> None:
     )  # type: ignore[arg-type]
     topo = Topology(brokers=BROKERS, leaders={"t": {0: 1, 1: 2, 2: 3}})
     plan = plan_request(Context(IDENTITY, topo, ALL_VERSIONS), request_payload(req))
+    assert isinstance(plan, Forward)
     assert not plan.expect_response
     assert set(plan.subs) == {1, 2, 3}
     assert all(not s.expect_response for s in plan.subs.values())
@@ -246,8 +271,9 @@ def test_whole_request_to_one_broker_is_the_clients_own_bytes() -> None:
     )  # type: ignore[arg-type]
     payload = request_payload(req, correlation_id=5)
     plan = plan_request(Context(IDENTITY, Topology(brokers=BROKERS, leaders={"t": {0: 2}}), ALL_VERSIONS), payload)
+    assert isinstance(plan, Forward)
     (sub,) = plan.subs.values()
-    assert request_head(sub) + struct.pack(">i", 5) + b"".join(bytes(p) for p in sub.tail) == payload
+    assert request_head(sub.api_key, sub.api_version) + struct.pack(">i", 5) + b"".join(bytes(p) for p in sub.tail) == payload
 
 
 def test_fetch_partitions_not_answered_yet_report_their_last_marks() -> None:
@@ -286,22 +312,25 @@ def test_fetch_partitions_not_answered_yet_report_their_last_marks() -> None:
         rack_id="",
     )  # type: ignore[arg-type]
     topo = Topology(brokers=BROKERS, leaders={"t": {0: 1, 1: 2, 2: 2}})
-    plan = plan_request(Context(IDENTITY, topo, ALL_VERSIONS), request_payload(req, correlation_id=9))
-    assert plan.fetch_partitions == {1: frozenset({("t", 0)}), 2: frozenset({("t", 1), ("t", 2)})}
+    # What the connection last learned of the partitions' watermarks.
+    remembered = {("t", 1): (40, 38, 2), ("t", 0): (7, 7, 7)}
+    plan = plan_request(Context(IDENTITY, topo, ALL_VERSIONS, watermarks=remembered), request_payload(req, correlation_id=9))
+    assert isinstance(plan, FetchForward)
+    assert plan.partitions == {1: frozenset({("t", 0)}), 2: frozenset({("t", 1), ("t", 2)})}
     sub1 = schema.decode_body(schema.request_spec(1, 12), *_sub_payload(plan.subs[1]))
     answer1 = _answer(apis.FETCH, 12, sub1, 1, 9)
-    assert plan.merge is not None
-    outcome = plan.merge({1: answer1, 2: errors.NONE}, {("t", 1): (40, 38, 2), ("t", 0): (7, 7, 7)})
-    resp = schema.decode_body(schema.response_spec(1, 12), b"".join(bytes(p) for p in outcome.body), 0)
+    reply = plan.merge(plan, {1: Response(answer1), 2: NOT_YET})
+    resp = schema.decode_body(schema.response_spec(1, 12), b"".join(bytes(p) for p in reply.body), 0)
     parts = {p["partition_index"]: p for p in resp["responses"][0]["partitions"]}
     assert (parts[1]["high_watermark"], parts[1]["last_stable_offset"], parts[1]["log_start_offset"]) == (40, 38, 2)
     assert (parts[2]["high_watermark"], parts[2]["last_stable_offset"], parts[2]["log_start_offset"]) == (-1, -1, -1)
     assert parts[0]["high_watermark"] == _marker(1, 0), "an answered partition's own marks win over remembered ones"
     assert all(parts[i]["error_code"] == 0 and not parts[i]["records"] for i in (1, 2))
-    assert set(outcome.fetch_marks) == {("t", 0)} and outcome.fetch_marks[("t", 0)][0] == _marker(1, 0)
+    (remember,) = effects_of(reply, RememberWatermarks)
+    assert set(remember.watermarks) == {("t", 0)} and remember.watermarks[("t", 0)][0] == _marker(1, 0)
 
 
 def _sub_payload(sub: Any) -> tuple[bytes, int]:
     """A sub-request's bytes and where its body starts."""
-    wire = request_head(sub) + b"\0\0\0\0" + b"".join(bytes(p) for p in sub.tail)
+    wire = request_head(sub.api_key, sub.api_version) + b"\0\0\0\0" + b"".join(bytes(p) for p in sub.tail)
     return wire, parse_request_header(wire).body_offset

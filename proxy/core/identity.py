@@ -148,13 +148,17 @@ def rewrite_config_resources(response: Struct, array: str, stand_in: str, kfan_n
 
 def rewrite_find_coordinator(identity: Identity, request: Struct, response: Struct) -> tuple[Struct, dict[Coordinator, int]]:
     """Name kfan as the coordinator; return the real ones, learned on the way."""
-    key_type = request.get("key_type", 0)
+    raw_type = request.get("key_type", 0)
+    # Key types kfan routes by; others (share groups, KIP-932: 2) are answered
+    # all the same, but kfan sends nothing to their coordinators to remember.
+    key_type = KeyType(raw_type) if raw_type in KeyType._value2member_map_ else None
     learned: dict[Coordinator, int] = {}
 
     def fix(entry: Struct, key: str) -> Struct:
         e = dict(entry)
         if e["error_code"] == 0:
-            learned[Coordinator(KeyType(key_type), key)] = e["node_id"]
+            if key_type is not None:
+                learned[Coordinator(key_type, key)] = e["node_id"]
             e.update(node_id=identity.node_id, host=identity.host, port=identity.port)
         else:
             e.update(node_id=-1, host="", port=-1)

@@ -3,12 +3,12 @@
 Two targets, both pure functions over bytes, seeded and reproducible:
 
 * :mod:`tests.fuzz.client_frames` — mutated client frames through
-  :class:`proxy.frames.FrameReader` and :func:`proxy.core.plan_request`; the
-  only exceptions allowed are :class:`proxy.wire.Malformed` and
+  :class:`proxy.kafka.frames.FrameReader` and :func:`proxy.core.plan_request`; the
+  only exceptions allowed are :class:`proxy.kafka.wire.Malformed` and
   :class:`proxy.core.Unsupported`.
 * :mod:`tests.fuzz.broker_answers` — mutated broker answers through every
-  plan's merge, :func:`proxy.core.fetch_satisfied`,
-  :func:`proxy.core.answer_marks` and the control plane's decoders; merges may
+  plan's merge, :func:`proxy.core.fetch.satisfied`,
+  :func:`proxy.core.fetch.answer_watermarks` and the control plane's decoders; merges may
   raise only :class:`proxy.core.BrokerUnavailable`, the rest nothing but what
   their contract names.
 

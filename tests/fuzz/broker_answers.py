@@ -6,24 +6,29 @@ sub-requests with one of: a valid answer, a mutated one, random bytes, a
 truncated one, one carrying unknown tagged fields where Kafka allows them
 (struct ends and the response header), a reshaped one (valid, but with
 entries duplicated, dropped or foreign, extreme integers), one of another
-version, nothing but a header, or an integer error code (a failed broker, or a sub-fetch not answered yet). The
-answers go through ``plan.merge`` (Fetch's with a ``marks`` mapping) and, for
-Fetch, :func:`proxy.core.fetch_satisfied` and :func:`proxy.core.answer_marks`.
-A merged Metadata answer is folded into a :class:`Topology`, as the
-connection does, and the topology must survive its JSON form (captures).
+version, nothing but a header, a failure (:class:`proxy.core.Failed` with an
+error code) or, for a Fetch, :data:`proxy.core.NOT_YET` (a sub-fetch not
+answered yet). The answers go through ``plan.merge`` (a Fetch's with the
+watermarks its connection remembers in its context) and, for Fetch,
+:func:`proxy.core.fetch.satisfied` and :func:`proxy.core.fetch.answer_watermarks`.
+The Metadata answer a merge asks to fold (:class:`proxy.core.FoldMetadata`)
+is folded into a :class:`Topology`, as the connection does, and the topology
+must survive its JSON form (captures).
 
 Contracts: merges raise only :class:`proxy.core.BrokerUnavailable` (the
-client connection closes); ``fetch_satisfied``, ``answer_marks`` and
+client connection closes); ``satisfied``, ``answer_watermarks`` and
 ``Topology.with_metadata`` raise nothing. Answers that are valid (unknown
 tags included) or failures merge into a response that decodes.
 
-The control plane's decoders (``backends.cluster.read_api_versions``,
-``read_metadata``, ``read_coordinator``) raise only :class:`Malformed`, and
+The control plane's decoders (``backends.control.read_api_versions`` and
+``read_metadata``, ``backends.coordinators.read_coordinator``) raise only :class:`Malformed`, and
 ``Topology().with_metadata(read_metadata(...))`` raises nothing.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import importlib
 import random
 import time
 from collections.abc import Callable, Mapping
@@ -31,19 +36,24 @@ from typing import Any
 
 from kio.index import load_response_schema
 
-from backends.topology import Topology
 from proxy.core import (
-    NO_ANSWER_YET,
-    Answer,
+    NOT_YET,
+    BrokerAnswer,
     BrokerUnavailable,
     Context,
-    Outcome,
-    Plan,
-    Target,
+    Destination,
+    Failed,
+    FetchForward,
+    FoldMetadata,
+    Forward,
+    Reply,
+    Response,
     Unsupported,
-    answer_marks,
-    fetch_satisfied,
+    Watermarks,
 )
+from proxy.core.fetch import answer_watermarks, satisfied
+from proxy.core.layout import TopicPartition
+from proxy.core.topology import Topology
 from proxy.kafka import apis, errors, schema
 from proxy.kafka.headers import response_header
 from proxy.kafka.wire import Malformed
@@ -67,7 +77,7 @@ from .mutate import plan as plan_like_connection
 
 MERGE = "merge"
 SATISFIED = "fetch_satisfied"
-MARKS = "answer_marks"
+MARKS = "answer_watermarks"
 FOLD = "fold_metadata"
 CONTROL = "control_plane"
 MERGE_ALLOWED: tuple[type[BaseException], ...] = (BrokerUnavailable,)
@@ -75,23 +85,37 @@ MERGE_ALLOWED: tuple[type[BaseException], ...] = (BrokerUnavailable,)
 KINDS = ("valid", "mutated", "random", "truncated", "tags", "tags_mutated", "reshaped", "other_version", "header_only", "empty", "code")
 WEIGHTS = (1, 8, 1, 2, 2, 2, 3, 1, 1, 1, 2)
 WELL_FORMED = {"valid", "tags", "reshaped", "code"}  # answers after which the merged response must decode
-CODES = (
-    NO_ANSWER_YET,
-    errors.NOT_LEADER_OR_FOLLOWER,
-    errors.REQUEST_TIMED_OUT,
-    errors.NETWORK_EXCEPTION,
-    errors.NOT_COORDINATOR,
-    -1,
-    0x7FFF,
+# The "code" kind: a failed broker, or a sub-fetch not answered yet (NOT_YET; a
+# Fetch's only: other requests are answered once every broker answered or failed,
+# and for them it stands for a failure that reports no error code).
+CODES: tuple[BrokerAnswer, ...] = (
+    NOT_YET,
+    Failed(errors.NOT_LEADER_OR_FOLLOWER),
+    Failed(errors.REQUEST_TIMED_OUT),
+    Failed(errors.NETWORK_EXCEPTION),
+    Failed(errors.NOT_COORDINATOR),
+    Failed(-1),
+    Failed(0x7FFF),
 )
 
 
-def merge(plan: Plan, answers: Mapping[Target, Answer], marks: Mapping[Any, tuple[int, int, int]]) -> Outcome:
-    """What the connection does with the answers: merge (Fetch's with its marks) and join the body."""
-    assert plan.merge is not None
-    outcome = plan.merge(answers, marks) if plan.fetch_min_bytes is not None else plan.merge(answers)
-    b"".join(bytes(p) for p in outcome.body)
-    return outcome
+def code_answer(code: BrokerAnswer | int, api_key: int) -> BrokerAnswer:
+    """A failure or a sub-fetch still out (an int: its error code, 0 for "not answered yet"), as the connection
+    hands it to the merge of ``api_key``: only a Fetch is answered while a broker has not answered yet."""
+    if isinstance(code, int):
+        code = NOT_YET if code == errors.NONE else Failed(code)
+    if code is NOT_YET and api_key != apis.FETCH:
+        return Failed(errors.NONE)
+    return code
+
+
+def merge(plan: Forward, answers: Mapping[Destination, BrokerAnswer], watermarks: Mapping[TopicPartition, Watermarks]) -> Reply:
+    """What the connection does with the answers: merge (a Fetch's with the watermarks it remembers) and join the body."""
+    if isinstance(plan, FetchForward):
+        plan = dataclasses.replace(plan, ctx=dataclasses.replace(plan.ctx, watermarks=watermarks))
+    reply = plan.merge(plan, answers)
+    b"".join(bytes(p) for p in reply.body)
+    return reply
 
 
 def fold(metadata: Mapping[str, Any]) -> None:
@@ -105,16 +129,24 @@ def fold(metadata: Mapping[str, Any]) -> None:
             raise Broken(f"topology does not survive its JSON form: {topology} != {again}")
 
 
-def check_response(plan: Plan, outcome: Outcome) -> None:
+def check_response(plan: Forward, reply: Reply) -> None:
     """The merged body decodes under the response schema (for answers that were well formed)."""
-    body = b"".join(bytes(p) for p in outcome.body)
+    body = b"".join(bytes(p) for p in reply.body)
     try:
         schema.decode_body(schema.response_spec(plan.header.api_key, plan.header.api_version), body)
     except Malformed as e:
         raise Broken(f"merged response does not decode: {e}") from e
 
 
-def answer_variant(kind: str, valid: bytes, api_key: int, version: int, rng: random.Random) -> Answer:
+def answer_variant(kind: str, valid: bytes, api_key: int, version: int, rng: random.Random) -> BrokerAnswer:
+    """One broker's answer of ``kind``: a response (see :func:`answer_bytes`), or for "code" a failure or NOT_YET."""
+    if kind == "code":
+        return code_answer(rng.choice(CODES), api_key)
+    return Response(answer_bytes(kind, valid, api_key, version, rng))
+
+
+def answer_bytes(kind: str, valid: bytes, api_key: int, version: int, rng: random.Random) -> bytes:
+    """The payload of a response of ``kind`` (any kind but "code"), made from the ``valid`` one."""
     if kind == "valid":
         return valid
     if kind == "mutated":
@@ -136,16 +168,15 @@ def answer_variant(kind: str, valid: bytes, api_key: int, version: int, rng: ran
         return encode_answer(api_key, other, Generator(rng, answer=True).message(load_response_schema(api_key, other)))
     if kind == "header_only":
         return response_header(api_key, version, 9)
-    if kind == "empty":
-        return b""
-    return rng.choice(CODES)
+    assert kind == "empty", kind
+    return b""
 
 
-def _hex(answer: Answer) -> str:
-    return str(answer) if isinstance(answer, int) else bytes(answer).hex()
+def _hex(answer: BrokerAnswer) -> str:
+    return bytes(answer.payload).hex() if isinstance(answer, Response) else repr(answer)
 
 
-def _plan_for(rng: random.Random, corpus: list[bytes]) -> tuple[bytes, Plan]:
+def _plan_for(rng: random.Random, corpus: list[bytes]) -> tuple[bytes, Forward]:
     """A request with sub-requests to answer, and its plan."""
     while True:
         payload = rng.choice(corpus)
@@ -169,7 +200,7 @@ def _plan_for(rng: random.Random, corpus: list[bytes]) -> tuple[bytes, Plan]:
             except Exception:
                 pass  # the client target reports these
         plan = plan_like_connection(payload)
-        if plan.merge is not None and plan.subs:
+        if isinstance(plan, Forward) and plan.subs:
             return payload, plan
 
 
@@ -181,10 +212,12 @@ def run_case(rng: random.Random, corpus: list[bytes], tally: Tally, index: int, 
     kinds = {t: "valid" if baseline else rng.choices(KINDS, WEIGHTS)[0] for t in plan.subs}
     if not baseline and all(k == "valid" for k in kinds.values()):
         kinds[rng.choice(list(kinds))] = "mutated"
-    answers: dict[Target, Answer] = {t: answer_variant(kinds[t], valid[t], hdr.api_key, hdr.api_version, rng) for t in plan.subs}
-    marks = {tp: (rng.randint(-1, 100), rng.randint(-1, 100), rng.randint(-1, 10)) for ps in plan.fetch_partitions.values() for tp in ps}
-    if marks and rng.random() < 0.3:
-        marks = {}
+    answers = {t: answer_variant(kinds[t], bytes(valid[t].payload), hdr.api_key, hdr.api_version, rng) for t in plan.subs}
+    partitions = plan.partitions if isinstance(plan, FetchForward) else {}
+    # What the connection remembers of the partitions' watermarks (those not answered yet report them).
+    watermarks = {tp: (rng.randint(-1, 100), rng.randint(-1, 100), rng.randint(-1, 10)) for ps in partitions.values() for tp in ps}
+    if watermarks and rng.random() < 0.3:
+        watermarks = {}
 
     def reproducer() -> dict[str, str]:
         out = {"request": request.hex()}
@@ -194,42 +227,44 @@ def run_case(rng: random.Random, corpus: list[bytes], tally: Tally, index: int, 
     def label() -> str:
         return api_label(request)
 
-    def merged() -> Outcome:
-        outcome = merge(plan, answers, marks)
+    def merged() -> Reply:
+        reply = merge(plan, answers, watermarks)
         if all(k in WELL_FORMED for k in kinds.values()):
-            check_response(plan, outcome)
-        return outcome
+            check_response(plan, reply)
+        return reply
 
     tally.count(MERGE)
     limits = {"hang_seconds": hang_seconds, "label": label}
-    ok, outcome = check(tally, MERGE, index, reproducer, MERGE_ALLOWED, merged, **limits)  # type: ignore[arg-type]
-    if ok and outcome.metadata is not None:
-        tally.count(FOLD)
-        metadata = outcome.metadata
-        check(tally, FOLD, index, reproducer, (), lambda: fold(metadata), **limits)  # type: ignore[arg-type]
-    if hdr.api_key == apis.FETCH:
-        min_bytes = plan.fetch_min_bytes or 0
+    ok, reply = check(tally, MERGE, index, reproducer, MERGE_ALLOWED, merged, **limits)  # type: ignore[arg-type]
+    for effect in reply.effects if ok else []:
+        if isinstance(effect, FoldMetadata):
+            tally.count(FOLD)
+            metadata = effect.metadata
+            check(tally, FOLD, index, reproducer, (), lambda m=metadata: fold(m), **limits)  # type: ignore[misc, arg-type]
+    if isinstance(plan, FetchForward):
+        fetch = plan
         tally.count(SATISFIED, 1 + len(answers))
-        check(tally, SATISFIED, index, reproducer, (), lambda: fetch_satisfied(hdr, answers, min_bytes), **limits)  # type: ignore[arg-type]
+        check(tally, SATISFIED, index, reproducer, (), lambda: satisfied(hdr, answers, fetch.min_bytes), **limits)  # type: ignore[arg-type]
         for t, a in answers.items():
-            check(tally, SATISFIED, index, reproducer, (), lambda t=t, a=a: fetch_satisfied(hdr, {t: a}, 1), **limits)  # type: ignore[misc, arg-type]
+            check(tally, SATISFIED, index, reproducer, (), lambda t=t, a=a: satisfied(hdr, {t: a}, 1), **limits)  # type: ignore[misc, arg-type]
             tally.count(MARKS)
-            check(tally, MARKS, index, reproducer, (), lambda a=a: answer_marks(hdr, a), **limits)  # type: ignore[misc, arg-type]
+            check(tally, MARKS, index, reproducer, (), lambda a=a: answer_watermarks(fetch, a), **limits)  # type: ignore[misc, arg-type]
 
 
 # --- the control plane's decoders ------------------------------------------------------------
 
 DECODERS = ("read_api_versions", "read_metadata", "read_coordinator")
 _API = {"read_api_versions": apis.API_VERSIONS, "read_metadata": apis.METADATA, "read_coordinator": apis.FIND_COORDINATOR}
+# Where each decoder lives: kfan's own requests (control), the coordinator cache (coordinators).
+_MODULE = {"read_api_versions": "backends.control", "read_metadata": "backends.control", "read_coordinator": "backends.coordinators"}
 
 
 def decoder(name: str) -> Callable[..., Any]:
-    """``backends.cluster.<name>``; an AttributeError (a finding) while it does not exist."""
-    import backends.cluster
-
-    fn = getattr(backends.cluster, name, None)
+    """``backends.<module>.<name>``; an AttributeError (a finding) while it does not exist."""
+    module = importlib.import_module(_MODULE[name])
+    fn = getattr(module, name, None)
     if fn is None:
-        raise AttributeError(f"backends.cluster has no {name}() yet: the control plane's decoder is not fuzzed")
+        raise AttributeError(f"{module.__name__} has no {name}(): the control plane's decoder is not fuzzed")
     return fn  # type: ignore[no-any-return]
 
 
@@ -245,10 +280,8 @@ def control_input(name: str, rng: random.Random) -> tuple[int, bytes, int, str]:
     if api_key == apis.METADATA and rng.random() < 0.7:
         body["brokers"] = [{**b, "node_id": i} for i, b in enumerate(body["brokers"], 1)]
     valid = encode_answer(api_key, version, body)
-    kind = rng.choices(KINDS[:-1], WEIGHTS[:-1])[0]
-    answer = answer_variant(kind, valid, api_key, version, rng)
-    assert not isinstance(answer, int)
-    return version, bytes(answer), key_type, key
+    kind = rng.choices(KINDS[:-1], WEIGHTS[:-1])[0]  # a response: the control plane's failures are its links'
+    return version, answer_bytes(kind, valid, api_key, version, rng), key_type, key
 
 
 def run_control_case(rng: random.Random, tally: Tally, index: int, missing: set[str], hang_seconds: float = HANG_SECONDS) -> None:
@@ -332,7 +365,7 @@ def large_campaign(tally: Tally, hang_seconds: float = HANG_SECONDS, only: Calla
             hang_seconds=hang_seconds,
             label=lambda r=request: api_label(r),  # type: ignore[misc]
         )
-        if not ok or plan.merge is None or not plan.subs:
+        if not ok or not isinstance(plan, Forward) or not plan.subs:
             continue
         answers = valid_answers(plan, random.Random(f"large answers {i}"), lean=True)
         tally.count(LARGE_MERGE)
@@ -348,11 +381,17 @@ def large_campaign(tally: Tally, hang_seconds: float = HANG_SECONDS, only: Calla
         )
 
 
-def replay(request_hex: str, answers_hex: Mapping[Target, str | int], marks: Mapping[Any, tuple[int, int, int]] | None = None) -> Outcome:
-    """Merge hex answers (or int error codes) into the plan of a hex request; raises what the merge raises."""
+def replay(
+    request_hex: str,
+    answers_hex: Mapping[Destination, str | int | BrokerAnswer],
+    watermarks: Mapping[TopicPartition, Watermarks] | None = None,
+) -> Reply:
+    """Merge hex answers (or failures: int error codes, 0 for "not answered yet") into the plan of a hex request;
+    raises what the merge raises."""
     plan = plan_like_connection(bytes.fromhex(request_hex))
-    answers = {t: a if isinstance(a, int) else bytes.fromhex(a) for t, a in answers_hex.items()}
-    return merge(plan, answers, marks or {})
+    assert isinstance(plan, Forward), plan
+    answers = {t: Response(bytes.fromhex(a)) if isinstance(a, str) else code_answer(a, plan.header.api_key) for t, a in answers_hex.items()}
+    return merge(plan, answers, watermarks or {})
 
 
 __all__ = ["Context", "campaign", "large_campaign", "replay", "run_case", "run_control_case"]

@@ -4,18 +4,19 @@ Each case is a byte stream of one to three frames — mostly mutated valid
 requests, sometimes reshaped ones (valid, but with entries duplicated or
 dropped, extreme integers, unknown names), valid ones, random bytes, or a
 size prefix that lies —
-fed to :class:`proxy.frames.FrameReader` in random chunks, each frame it
+fed to :class:`proxy.kafka.frames.FrameReader` in random chunks, each frame it
 yields planned by :func:`proxy.core.plan_request` against a realistic
 context (three brokers, topics with ids, a leaderless partition, one led by a
 broker that is down, a coordinator cache that knows some groups; every API
 version kfan implements advertised), planned again once its coordinators were
 looked up when the plan asks for that, as the connection does.
 
-Contract: the only exceptions are :class:`proxy.wire.Malformed` and
+Contract: the only exceptions are :class:`proxy.kafka.wire.Malformed` and
 :class:`proxy.core.Unsupported` (the connection closes). On those, the
-connection logs what :func:`proxy.headers.peek_request` finds, which must not
-raise either. A plan's reply joins into bytes, its fetch keys hash, and every
-sub-request it would send frames into a request a broker can parse.
+connection logs what :func:`proxy.kafka.headers.peek_request` finds, which must not
+raise either. A plan's reply joins into bytes, its fetch keys hash, every
+sub-request it would send frames into a request a broker can parse, and once
+its coordinators were looked up it asks for none again.
 """
 
 from __future__ import annotations
@@ -24,10 +25,10 @@ import random
 import struct
 from dataclasses import dataclass
 
-from proxy.core import Plan, Unsupported, request_head
+from proxy.core import FetchForward, Forward, LocalReply, NeedCoordinators, Plan, Unsupported
 from proxy.kafka import schema
 from proxy.kafka.frames import FrameReader, frame
-from proxy.kafka.headers import parse_request_header, peek_request
+from proxy.kafka.headers import parse_request_header, peek_request, request_head
 from proxy.kafka.wire import Malformed
 
 from .harness import HANG_SECONDS, Broken, Tally, api_label, check
@@ -52,17 +53,23 @@ def plan_frame(payload: bytes) -> Plan:
 
 def check_plan(plan: Plan) -> None:
     """The plan's outputs are usable: a reply joins into bytes, sub-requests frame into requests a broker parses."""
-    if plan.reply is not None:
-        b"".join(bytes(p) for p in plan.reply)
-    if not isinstance(plan.hold_ms, int):
-        raise Broken(f"hold_ms {plan.hold_ms!r} is not an int")
-    for target, key in plan.fetch_keys.items():
-        try:
-            hash(key)  # the connection keys its fetch-ahead table by it
-        except TypeError as e:
-            raise Broken(f"fetch key for {target!r} is not hashable: {e}") from e
+    if isinstance(plan, NeedCoordinators):
+        raise Broken(f"still asks for coordinators once they were looked up: {plan.coordinators!r}")
+    if isinstance(plan, LocalReply):
+        b"".join(bytes(p) for p in plan.body)
+        return
+    if not isinstance(plan, Forward):
+        raise Broken(f"not a plan: {plan!r}")
+    if not isinstance(plan.broker_wait_ms, int):
+        raise Broken(f"broker_wait_ms {plan.broker_wait_ms!r} is not an int")
+    if isinstance(plan, FetchForward):
+        for target, key in plan.keys.items():
+            try:
+                hash(key)  # the connection keys its fetch-ahead table by it
+            except TypeError as e:
+                raise Broken(f"fetch key for {target!r} is not hashable: {e}") from e
     for target, sub in plan.subs.items():
-        wire = frame([request_head(sub), struct.pack(">i", 77), *sub.tail])
+        wire = frame([request_head(sub.api_key, sub.api_version), struct.pack(">i", 77), *sub.tail])
         payload = wire[4:]
         try:
             hdr = parse_request_header(payload)

@@ -127,7 +127,7 @@ class Tally:
         return "\n".join(lines)
 
 
-_CODEC = ("proxy/wire.py", "proxy/schema.py", "proxy/headers.py")
+_CODEC = ("proxy/kafka/wire.py", "proxy/kafka/schema.py", "proxy/kafka/headers.py")
 
 
 def location(exc: BaseException) -> str:

@@ -42,23 +42,32 @@ from typing import Any
 
 from kio.index import load_request_schema, load_response_schema
 
-from backends.topology import Broker, Topology
-from proxy import routing
 from proxy.core import (
-    BATCHES,
+    ROUTES,
     Context,
     Coordinator,
+    Destination,
+    Forward,
     Identity,
+    KeyType,
+    NeedCoordinators,
     Plan,
+    Response,
     SubRequest,
-    Target,
     advertised_versions,
-    layouts,
     plan_request,
-    request_head,
 )
+from proxy.core.leader import layouts_of
+from proxy.core.topology import Broker, Topology
 from proxy.kafka import apis, schema
-from proxy.kafka.headers import encode_request_header, parse_request_header, response_body_offset, response_header, response_header_flexible
+from proxy.kafka.headers import (
+    encode_request_header,
+    parse_request_header,
+    request_head,
+    response_body_offset,
+    response_header,
+    response_header_flexible,
+)
 from proxy.kafka.wire import Writer
 
 # --- the world the fuzzed requests live in -------------------------------------------
@@ -83,12 +92,19 @@ TOPOLOGY = Topology(
 # Everything kfan implements, as if every broker supported every version.
 API_VERSIONS: dict[int, tuple[int, int]] = advertised_versions([])
 # The I/O layer's coordinator cache: some groups and transactions known, others not.
-COORDINATORS = {(0, "g1"): 1, (0, "g2"): 2, (0, "consumers"): 3, (1, "tx1"): 2, (1, "tx2"): 3}
+GROUP, TXN = KeyType.GROUP, KeyType.TRANSACTION
+COORDINATORS = {
+    Coordinator(GROUP, "g1"): 1,
+    Coordinator(GROUP, "g2"): 2,
+    Coordinator(GROUP, "consumers"): 3,
+    Coordinator(TXN, "tx1"): 2,
+    Coordinator(TXN, "tx2"): 3,
+}
 
 
 def known_coordinator(c: Coordinator) -> int | None:
     """The coordinator cache kfan's connection would consult; the huge requests' generated names are all known."""
-    node = COORDINATORS.get((c.key_type, c.key))
+    node = COORDINATORS.get(c)
     if node is None and c.key[:2] in ("g-", "tx"):
         node = 1 + zlib.crc32(c.key.encode()) % 3
     return node
@@ -112,7 +128,7 @@ CONTEXT_LOOKED_UP = context(looked_up=True)
 def plan(payload: bytes | memoryview) -> Plan:
     """Plan a request as the connection does: again, once the coordinators it names were looked up, when it asks."""
     first = plan_request(CONTEXT, payload)
-    if getattr(first, "unknown_coordinators", None):
+    if isinstance(first, NeedCoordinators):
         return plan_request(CONTEXT_LOOKED_UP, payload)
     return first
 
@@ -322,7 +338,7 @@ def large_requests() -> list[bytes]:
 
 def sub_request_body(sub: SubRequest) -> dict[str, Any]:
     """A sub-request's body, decoded."""
-    wire = request_head(sub) + b"\0\0\0\0" + _join(sub.tail)
+    wire = request_head(sub.api_key, sub.api_version) + b"\0\0\0\0" + _join(sub.tail)
     offset = parse_request_header(wire).body_offset
     return schema.decode_body(schema.request_spec(sub.api_key, sub.api_version), wire, offset, allow_trailing=True)
 
@@ -332,8 +348,9 @@ def answer_body(api_key: int, version: int, request: dict[str, Any], rng: random
     cls = load_response_schema(api_key, version)
     body = Generator(rng, answer=True, lean=lean).message(cls)
     spec = schema.response_spec(api_key, version)
-    if routing.ROUTES.get(api_key) is routing.Policy.LEADER:
-        req_layout, resp_layout = layouts(api_key, version)
+    route = ROUTES.get(api_key)
+    if route is not None and route.layout is not None:  # split by leader
+        req_layout, resp_layout = layouts_of(route, version)
         topics = []
         for t in request[req_layout.topics]:
             parts = []
@@ -346,7 +363,7 @@ def answer_body(api_key: int, version: int, request: dict[str, Any], rng: random
             topic[resp_layout.partitions] = parts
             topics.append(topic)
         body[resp_layout.topics] = topics
-    batch = BATCHES.get(api_key)
+    batch = None if route is None else route.batch
     if batch is not None and batch.request_array in request and spec.has(batch.response_array):
         entries = []
         for e in request[batch.request_array] or []:
@@ -386,14 +403,16 @@ def encode_answer(api_key: int, version: int, body: dict[str, Any], correlation_
     return response_header(api_key, version, correlation_id) + _join(schema.encode_body(schema.response_spec(api_key, version), body))
 
 
-def valid_answers(plan: Plan, rng: random.Random | None = None, lean: bool = False) -> dict[Target, bytes]:
+def valid_answers(plan: Forward, rng: random.Random | None = None, lean: bool = False) -> dict[Destination, Response]:
     """A valid broker answer for each sub-request of ``plan`` (``lean``: entries carry little besides their keys,
     so that answers to huge requests stay a few bytes per entry)."""
     rng = rng if rng is not None else random.Random(f"answers {plan.header.api_key} {plan.header.api_version}")
-    out: dict[Target, bytes] = {}
-    for target, sub in plan.subs.items():
+    out: dict[Destination, Response] = {}
+    for destination, sub in plan.subs.items():
         request = sub_request_body(sub)
-        out[target] = encode_answer(sub.api_key, sub.api_version, answer_body(sub.api_key, sub.api_version, request, rng, lean))
+        out[destination] = Response(
+            encode_answer(sub.api_key, sub.api_version, answer_body(sub.api_key, sub.api_version, request, rng, lean))
+        )
     return out
 
 
