@@ -16,14 +16,13 @@ from __future__ import annotations
 
 import logging
 import random
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import trio
 
 from proxy import metrics
 from proxy.core import (
-    Coordinator,
     Effect,
     FoldMetadata,
     ForgetCoordinators,
@@ -43,6 +42,60 @@ class ClusterUnavailable(Exception):
     """No bootstrap broker answered."""
 
 
+class Brokers:
+    """Each broker's reachability and API versions, kept by probing it (ApiVersions)."""
+
+    def __init__(self, control: ControlLinks, versions_changed: Callable[[], None]) -> None:
+        self.control = control
+        self.versions: dict[int, dict[int, tuple[int, int]]] = {}
+        self.nursery: trio.Nursery | None = None  # the cluster's, once it runs
+        self.reachable: dict[int, bool] = {}
+        self._versions_changed = versions_changed
+        self._probing: set[int] = set()
+
+    def note_absent(self, topology: Topology) -> None:
+        """Brokers missing from the metadata (it lists live brokers only) are unreachable."""
+        absent = topology.absent_leaders()
+        for node_id in sorted(absent):
+            if self.reachable.get(node_id) is not False:
+                log.warning("broker %s leads %d partitions but is not in the cluster's metadata (down?)", node_id, absent[node_id])
+        gone = {b for b in self.reachable if b not in topology.brokers}
+        for node_id in sorted(gone | set(absent)):
+            self.set_reachable(node_id, False)
+
+    def probe_all(self, topology: Topology) -> None:
+        """Ask every known broker for its API versions, in the background: this keeps
+        reachability true for each broker (not just the one that answered Metadata),
+        and learns the versions of brokers that were down when kfan started."""
+        assert self.nursery is not None
+        for node_id, broker in topology.brokers.items():
+            if node_id not in self._probing:
+                self._probing.add(node_id)
+                self.nursery.start_soon(self.probe, node_id, broker.host, broker.port)
+
+    async def probe(self, node_id: int, host: str, port: int) -> None:
+        """One broker's API versions and reachability (at startup, and after each refresh)."""
+        try:
+            versions = await self.control.api_versions(node_id, host, port)
+        except ANSWER_FAILURES as e:
+            if self.reachable.get(node_id) is not False:
+                log.warning("broker %s at %s:%s is unreachable: %s", node_id, host, port, e)
+            self.set_reachable(node_id, False)
+        else:
+            if self.versions.get(node_id) != versions:
+                self.versions[node_id] = versions
+                self._versions_changed()
+            self.set_reachable(node_id, True)
+        finally:
+            self._probing.discard(node_id)
+
+    def set_reachable(self, broker: int, up: bool) -> None:
+        if self.reachable.get(broker) != up:
+            log.info("broker %s is %s", broker, "reachable" if up else "unreachable")
+        self.reachable[broker] = up
+        metrics.BROKER_UP.labels(str(broker)).set(1 if up else 0)
+
+
 class Cluster:
     def __init__(
         self,
@@ -57,9 +110,7 @@ class Cluster:
         self.request_timeout = request_timeout
         self.max_frame_bytes = max_frame_bytes
         self.topology = Topology()
-        self.broker_versions: dict[int, dict[int, tuple[int, int]]] = {}
         self.api_versions: dict[int, tuple[int, int]] = {}
-        self.reachable: dict[int, bool] = {}
         self.coordinators = Coordinators(self)  # the coordinator of each group or transaction
         self.ready = trio.Event()
         self.refreshes = 0
@@ -68,13 +119,15 @@ class Cluster:
         self._refreshed = trio.Event()
         self.control = ControlLinks(lambda: self.topology, request_timeout=request_timeout, max_frame_bytes=max_frame_bytes)
         self._nursery: trio.Nursery | None = None
-        self._probing: set[int] = set()
+        self.brokers = Brokers(self.control, self._versions_changed)
+        self.reachable = self.brokers.reachable  # node id -> reachable
+        self.broker_versions = self.brokers.versions  # node id -> api key -> (min, max)
 
     # --- lifecycle -------------------------------------------------------
 
     async def run(self, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         async with trio.open_nursery() as nursery:
-            self._nursery = self.control.nursery = nursery
+            self._nursery = self.control.nursery = self.brokers.nursery = nursery
             await self._bootstrap()
             self.ready.set()
             task_status.started()
@@ -117,9 +170,9 @@ class Cluster:
         else:
             raise ClusterUnavailable("no bootstrap broker answered: " + "; ".join(tried))
         for node_id, broker in self.topology.brokers.items():
-            await self._probe(node_id, broker.host, broker.port)
-        self.api_versions = advertised_versions(list(self.broker_versions.values()))
-        self._note_absent()
+            await self.brokers.probe(node_id, broker.host, broker.port)
+        self._versions_changed()
+        self.brokers.note_absent(self.topology)
         self.refreshed_at = trio.current_time()
         metrics.REFRESHES.labels("ok").inc()
         up = sorted(k for k, v in self.reachable.items() if v)
@@ -165,7 +218,7 @@ class Cluster:
                 metadata = await self.control.metadata(key, host, port, versions)
             except ANSWER_FAILURES as e:
                 if node is not None:
-                    self._set_reachable(node, False)
+                    self.brokers.set_reachable(node, False)
                 log.info("metadata from %s at %s:%s failed: %s", key, host, port, e)
                 continue
             if not metadata["brokers"]:
@@ -173,64 +226,25 @@ class Cluster:
                 log.warning("metadata from %s at %s:%s lists no broker; keeping the last topology", key, host, port)
                 continue
             if node is not None:
-                self._set_reachable(node, True)
+                self.brokers.set_reachable(node, True)
             self.topology = Topology(topic_ids=self.topology.topic_ids).with_metadata(metadata)
             self.refreshes += 1
             self.refreshed_at = trio.current_time()
             metrics.REFRESHES.labels("ok").inc()
-            self._note_absent()
-            self._probe_brokers()
+            self.brokers.note_absent(self.topology)
+            self.brokers.probe_all(self.topology)
             return True
         metrics.REFRESHES.labels("failed").inc()
         log.warning("topology refresh failed: no broker answered")
         return False
-
-    def _note_absent(self) -> None:
-        """Brokers missing from the metadata (it lists live brokers only) are unreachable."""
-        absent = self.topology.absent_leaders()
-        for node_id in sorted(absent):
-            if self.reachable.get(node_id) is not False:
-                log.warning("broker %s leads %d partitions but is not in the cluster's metadata (down?)", node_id, absent[node_id])
-        gone = {b for b in self.reachable if b not in self.topology.brokers}
-        for node_id in sorted(gone | set(absent)):
-            self._set_reachable(node_id, False)
-
-    def _probe_brokers(self) -> None:
-        """Ask every known broker for its API versions, in the background: this keeps
-        reachability true for each broker (not just the one that answered Metadata),
-        and learns the versions of brokers that were down when kfan started."""
-        assert self._nursery is not None
-        for node_id, broker in self.topology.brokers.items():
-            if node_id not in self._probing:
-                self._probing.add(node_id)
-                self._nursery.start_soon(self._probe, node_id, broker.host, broker.port)
-
-    async def _probe(self, node_id: int, host: str, port: int) -> None:
-        """One broker's API versions and reachability (at startup, and after each refresh)."""
-        try:
-            versions = await self.control.api_versions(node_id, host, port)
-        except ANSWER_FAILURES as e:
-            if self.reachable.get(node_id) is not False:
-                log.warning("broker %s at %s:%s is unreachable: %s", node_id, host, port, e)
-            self._set_reachable(node_id, False)
-        else:
-            if self.broker_versions.get(node_id) != versions:
-                self.broker_versions[node_id] = versions
-                self.api_versions = advertised_versions(list(self.broker_versions.values()))
-            self._set_reachable(node_id, True)
-        finally:
-            self._probing.discard(node_id)
 
     async def _age_loop(self) -> None:
         while True:
             metrics.TOPOLOGY_AGE.set(self.topology_age())
             await trio.sleep(1)
 
-    def _set_reachable(self, broker: int, up: bool) -> None:
-        if self.reachable.get(broker) != up:
-            log.info("broker %s is %s", broker, "reachable" if up else "unreachable")
-        self.reachable[broker] = up
-        metrics.BROKER_UP.labels(str(broker)).set(1 if up else 0)
+    def _versions_changed(self) -> None:
+        self.api_versions = advertised_versions(list(self.broker_versions.values()))
 
     def is_ready(self) -> bool:
         """Topology known and at least one broker reachable."""
@@ -251,31 +265,16 @@ class Cluster:
 
     # --- what connections ask -------------------------------------------------
 
-    def learn(self, coordinators: Mapping[Coordinator, int]) -> None:
-        self.coordinators.learn(coordinators)
-
-    def forget(self, coordinator: Coordinator) -> None:
-        self.coordinators.forget(coordinator)
-
-    def known_coordinator(self, c: Coordinator) -> int | None:
-        return self.coordinators.known(c)
-
-    async def coordinator(self, c: Coordinator) -> int:
-        return await self.coordinators.coordinator(c)
-
-    async def find_coordinators(self, keys: Iterable[Coordinator]) -> None:
-        await self.coordinators.find(keys)
-
     def apply(self, effects: Iterable[Effect]) -> None:
         """Do what a merge asked of the cluster (the connection's own effects are ignored)."""
         for effect in effects:
             if isinstance(effect, FoldMetadata):
                 self.fold_metadata(effect.metadata)
             elif isinstance(effect, LearnCoordinators):
-                self.learn(effect.coordinators)
+                self.coordinators.learn(effect.coordinators)
             elif isinstance(effect, ForgetCoordinators):
                 for c in effect.coordinators:
-                    self.forget(c)
+                    self.coordinators.forget(c)
             elif isinstance(effect, RefreshTopology):
                 self.request_refresh()
 

@@ -57,7 +57,7 @@ class LinkPool:
         """
         if isinstance(destination, Coordinator):
             try:
-                return await self.cluster.coordinator(destination)
+                return await self.cluster.coordinators.coordinator(destination)
             except CoordinatorError as e:
                 return Failed(e.code)
         if destination is ANY_BROKER:

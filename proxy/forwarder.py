@@ -81,7 +81,7 @@ class Forwarder:
             plan = plan_request(ctx := self._context(), payload)
         if isinstance(plan, NeedCoordinators):
             # A batch naming groups or transactions kfan has not seen: one bulk lookup, then plan by broker.
-            await self.cluster.find_coordinators(plan.coordinators)
+            await self.cluster.coordinators.find(plan.coordinators)
             plan = plan_request(ctx := self._context(coordinators_looked_up=True), payload)
         assert not isinstance(plan, NeedCoordinators)
         return ctx, plan
@@ -89,7 +89,7 @@ class Forwarder:
     def _context(self, coordinators_looked_up: bool = False) -> Context:
         cluster = self.cluster
         return Context(
-            self.identity, cluster.topology, cluster.api_versions, cluster.known_coordinator, coordinators_looked_up, self.watermarks
+            self.identity, cluster.topology, cluster.api_versions, cluster.coordinators.known, coordinators_looked_up, self.watermarks
         )
 
     def broker_wait(self, plan: Forward) -> float:

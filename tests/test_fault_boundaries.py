@@ -431,7 +431,7 @@ async def test_an_undecodable_coordinator_answer_is_a_coordinator_error() -> Non
     async with _nursery() as nursery:
         cluster = await _started(nursery, broker, refresh_interval=60)
         with pytest.raises(CoordinatorError) as e:
-            await cluster.coordinator(Coordinator(KeyType.GROUP, ""))
+            await cluster.coordinators.coordinator(Coordinator(KeyType.GROUP, ""))
         assert e.value.code == errors.COORDINATOR_NOT_AVAILABLE
         assert broker.requests.count(apis.FIND_COORDINATOR) == 5, "retried, then given up"
         nursery.cancel_scope.cancel()
@@ -443,11 +443,11 @@ async def test_coordinator_cache_is_bounded_and_expires(monkeypatch: pytest.Monk
     monkeypatch.setattr(coordinators_module, "MAX_COORDINATORS", 100)
     cluster = Cluster([("127.0.0.1", 1)])
     cluster.topology = Topology(brokers={1: Broker(1, "h", 1)})
-    cluster.learn({Coordinator(KeyType.GROUP, f"g{i}"): 1 for i in range(1000)})
+    cluster.coordinators.learn({Coordinator(KeyType.GROUP, f"g{i}"): 1 for i in range(1000)})
     assert len(cluster.coordinators) == 100
     assert Coordinator(KeyType.GROUP, "g999") in cluster.coordinators and Coordinator(KeyType.GROUP, "g0") not in cluster.coordinators
-    assert cluster.known_coordinator(Coordinator(KeyType.GROUP, "g999")) == 1
+    assert cluster.coordinators.known(Coordinator(KeyType.GROUP, "g999")) == 1
     monkeypatch.setattr(coordinators_module, "COORDINATOR_TTL", 0.0)
     await trio.sleep(0.01)
-    assert cluster.known_coordinator(Coordinator(KeyType.GROUP, "g999")) is None
+    assert cluster.coordinators.known(Coordinator(KeyType.GROUP, "g999")) is None
     assert Coordinator(KeyType.GROUP, "g999") not in cluster.coordinators
