@@ -19,7 +19,7 @@ how a Fetch is answered lives here, as pure objects the I/O layer drives.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable, Mapping
+from collections.abc import Callable, Hashable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
@@ -183,26 +183,39 @@ def _finish(
     return seen
 
 
+def weigh(hdr: RequestHeader, answer: BrokerAnswer) -> tuple[int, bool]:
+    """One broker's Fetch answer as the waiting sees it: (bytes of records, an error to report)."""
+    if isinstance(answer, Failed):
+        return 0, True
+    if not isinstance(answer, Response):
+        return 0, False  # not in yet
+    try:
+        decoded = decode_answer(hdr, answer.payload)
+    except Malformed:
+        return 0, True  # a failure to report for that broker's partitions
+    if decoded.get("error_code"):
+        return 0, True
+    total = 0
+    for t in decoded["responses"]:
+        for p in t["partitions"]:
+            if p["error_code"]:
+                return 0, True
+            total += len(p["records"] or b"")
+    return total, False
+
+
+def _enough(weights: Iterable[tuple[int, bool]], min_bytes: int) -> bool:
+    total = 0
+    for n, error in weights:
+        if error:
+            return True
+        total += n
+    return total >= max(min_bytes, 1)
+
+
 def satisfied(hdr: RequestHeader, answers: Answers, min_bytes: int) -> bool:
     """Would a broker answer this Fetch now: ``min_bytes`` of records in, or an error to report?"""
-    total = 0
-    for answer in answers.values():
-        if isinstance(answer, Failed):
-            return True
-        if not isinstance(answer, Response):
-            continue
-        try:
-            decoded = decode_answer(hdr, answer.payload)
-        except Malformed:
-            return True  # a failure to report for that broker's partitions
-        if decoded.get("error_code"):
-            return True
-        for t in decoded["responses"]:
-            for p in t["partitions"]:
-                if p["error_code"]:
-                    return True
-                total += len(p["records"] or b"")
-    return total >= max(min_bytes, 1)
+    return _enough((weigh(hdr, a) for a in answers.values()), min_bytes)
 
 
 # --- when a Fetch is answered -------------------------------------------------------------
@@ -242,14 +255,20 @@ class FetchWait:
         self.hard = self.soft + grace
         self.outstanding = set(outstanding)
         self.fresh = set(fresh)
-        self.answers: dict[Destination, BrokerAnswer] = dict(answers or {})
+        self.answers: dict[Destination, BrokerAnswer] = {}
+        # Each answer weighed once as it comes, not again at every wake-up.
+        self._weights: dict[Destination, tuple[int, bool]] = {}
+        for d, answer in (answers or {}).items():
+            self.keep(d, answer)
 
     def answered(self, destination: Destination, answer: BrokerAnswer, now: float) -> AskAgain | None:
         """Take one broker's answer; an :class:`AskAgain` when it should be asked again instead."""
         self.outstanding.discard(destination)
-        if destination not in self.fresh and now < self.soft and not satisfied(self.plan.header, {destination: answer}, 1):
+        weight = weigh(self.plan.header, answer)
+        if destination not in self.fresh and now < self.soft and not _enough([weight], 1):
             return AskAgain(destination, answer_watermarks(self.plan, answer))
         self.answers[destination] = answer
+        self._weights[destination] = weight
         return None
 
     def asked_again(self, destination: Destination) -> None:
@@ -259,12 +278,13 @@ class FetchWait:
     def keep(self, destination: Destination, answer: BrokerAnswer) -> None:
         """It could not be asked again: its answer stands."""
         self.answers[destination] = answer
+        self._weights[destination] = weigh(self.plan.header, answer)
 
     def wake_at(self, now: float) -> float | None:
         """When to look again if no answer comes; None: answer the client now."""
         if not self.outstanding or now >= self.hard:
             return None
-        if self.answers and satisfied(self.plan.header, self.answers, self.plan.min_bytes):
+        if self.answers and _enough(self._weights.values(), self.plan.min_bytes):
             # Answered early only if every partition still out has watermarks
             # to report (see _finish); at first, wait for all.
             known = self.plan.ctx.watermarks.keys()
