@@ -349,22 +349,12 @@ LARGE_MERGE = "merge_large"
 
 def large_campaign(tally: Tally, hang_seconds: float = HANG_SECONDS, only: Callable[[bytes], bool] | None = None) -> None:
     """Huge valid requests (16,000 groups, partitions, topics...) planned and merged once each: any slow one is quadratic work."""
-    from .client_frames import ALLOWED, plan_frame
+    from .client_frames import fuzz_plan
 
     for i, request in enumerate(large_requests()):
         if only is not None and not only(request):
             continue
-        tally.count(LARGE_PLAN)
-        ok, plan = check(
-            tally,
-            LARGE_PLAN,
-            i,
-            lambda r=request: {"request": r.hex()},  # type: ignore[misc]
-            ALLOWED,
-            lambda r=request: plan_frame(r),  # type: ignore[misc]
-            hang_seconds=hang_seconds,
-            label=lambda r=request: api_label(r),  # type: ignore[misc]
-        )
+        ok, plan = fuzz_plan(tally, LARGE_PLAN, i, request, hang_seconds)
         if not ok or not isinstance(plan, Forward) or not plan.subs:
             continue
         answers = valid_answers(plan, random.Random(f"large answers {i}"), lean=True)

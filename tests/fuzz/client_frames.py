@@ -24,6 +24,7 @@ from __future__ import annotations
 import random
 import struct
 from dataclasses import dataclass
+from typing import Any
 
 from proxy.core import FetchForward, Forward, LocalReply, NeedCoordinators, Plan, Unsupported
 from proxy.kafka import schema
@@ -147,17 +148,22 @@ def run_case(case: ClientCase, tally: Tally, index: int, hang_seconds: float = H
                 return  # the connection closes
             if payload is None:
                 break
-            tally.count(PLANNER)
-            check(
-                tally,
-                PLANNER,
-                index,
-                lambda p=payload: {"request": p.hex()},  # type: ignore[misc]
-                ALLOWED,
-                lambda p=payload: plan_frame(p),  # type: ignore[misc]
-                hang_seconds=hang_seconds,
-                label=lambda p=payload: api_label(p),  # type: ignore[misc]
-            )
+            fuzz_plan(tally, PLANNER, index, payload, hang_seconds)
+
+
+def fuzz_plan(tally: Tally, target: str, index: int, request: bytes, hang_seconds: float) -> tuple[bool, Any]:
+    """Plan one request frame as the connection does, counted and checked under ``target``."""
+    tally.count(target)
+    return check(
+        tally,
+        target,
+        index,
+        lambda: {"request": request.hex()},
+        ALLOWED,
+        lambda: plan_frame(request),
+        hang_seconds=hang_seconds,
+        label=lambda: api_label(request),
+    )
 
 
 def case_rng(seed: int | str, index: int) -> random.Random:
