@@ -34,6 +34,7 @@ from proxy.core.topology import Topology
 
 from .control import ControlLinks, control_version
 from .coordinators import ANSWER_FAILURES, Coordinators
+from .transport import BrokerSecurity
 
 log = logging.getLogger("kfan.cluster")
 
@@ -104,20 +105,27 @@ class Cluster:
         refresh_interval: float = 30.0,
         request_timeout: float = 10.0,
         max_frame_bytes: int = 100 * 1024 * 1024,
+        security: BrokerSecurity | None = None,
     ) -> None:
         self.bootstrap = bootstrap
+        self.problem: str | None = None  # why kfan is not ready, for /readyz
+        self.security = security if security is not None else BrokerSecurity()
         self.refresh_interval = refresh_interval
         self.request_timeout = request_timeout
         self.max_frame_bytes = max_frame_bytes
         self.topology = Topology()
         self.api_versions: dict[int, tuple[int, int]] = {}
+        # APIs kfan answers itself on every connection, whatever the brokers serve (SASL, when clients log in to kfan).
+        self.local_versions: dict[int, tuple[int, int]] = {}
         self.coordinators = Coordinators(self)  # the coordinator of each group or transaction
         self.ready = trio.Event()
         self.refreshes = 0
         self.refreshed_at: float | None = None
         self._wake = trio.Event()
         self._refreshed = trio.Event()
-        self.control = ControlLinks(lambda: self.topology, request_timeout=request_timeout, max_frame_bytes=max_frame_bytes)
+        self.control = ControlLinks(
+            lambda: self.topology, request_timeout=request_timeout, max_frame_bytes=max_frame_bytes, security=self.security
+        )
         self._nursery: trio.Nursery | None = None
         self.brokers = Brokers(self.control, self._versions_changed)
         self.reachable = self.brokers.reachable  # node id -> reachable
@@ -142,6 +150,7 @@ class Cluster:
                 await self._bootstrap_once()
                 return
             except ClusterUnavailable as e:
+                self.problem = str(e)
                 log.warning("%s; retrying in %.1f s", e, delay)
                 metrics.REFRESHES.labels("failed").inc()
             except Exception:
@@ -244,11 +253,19 @@ class Cluster:
             await trio.sleep(1)
 
     def _versions_changed(self) -> None:
-        self.api_versions = advertised_versions(list(self.broker_versions.values()))
+        self.api_versions = {**advertised_versions(list(self.broker_versions.values())), **self.local_versions}
 
     def is_ready(self) -> bool:
         """Topology known and at least one broker reachable."""
         return self.ready.is_set() and any(self.reachable.values())
+
+    def readiness(self) -> tuple[bool, str]:
+        """Ready or not, and why not (an operator reads it at /readyz: a refused login, no broker answering)."""
+        if self.is_ready():
+            return True, "ready"
+        if not self.ready.is_set():
+            return False, f"not ready: {self.problem or 'no bootstrap broker has answered yet'}"
+        return False, "not ready: no broker is reachable"
 
     def topology_age(self) -> float:
         return trio.current_time() - self.refreshed_at if self.refreshed_at is not None else float("inf")

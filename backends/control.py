@@ -1,11 +1,12 @@
 """kfan's own requests to the brokers (ApiVersions, Metadata, FindCoordinator):
-its own links, separate from client traffic, and the pure ``read_*``
-functions that read the answers (they raise only :class:`Malformed`).
+its own links, separate from client traffic. The answers are read by the pure
+``read_*`` functions of :mod:`backends.reads`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from functools import partial
 from typing import Any
 
 import trio
@@ -13,29 +14,14 @@ import trio
 from proxy.core import SubRequest
 from proxy.core.topology import Topology
 from proxy.kafka import apis, schema
-from proxy.kafka.headers import decode_response, request_header_tail
-from proxy.kafka.wire import Malformed
+from proxy.kafka.headers import request_header_tail
 
-from .link import Link, LinkError
+from .link import CLIENT_ID, Link, LinkError
+from .reads import read_api_versions, read_metadata
+from .transport import BrokerSecurity
 
-CLIENT_ID = "kfan"
 # Versions the control plane speaks when the broker allows (clamped to what it supports).
 _PREFERRED = {apis.API_VERSIONS: 2, apis.METADATA: 12, apis.FIND_COORDINATOR: 3}
-
-
-def read_api_versions(payload: bytes | memoryview, version: int) -> dict[int, tuple[int, int]]:
-    """A broker's ApiVersions answer: api key -> (min, max) version. Raises only :class:`Malformed`."""
-    resp = decode_response(payload, apis.API_VERSIONS, version)
-    if resp["error_code"] != 0:
-        raise Malformed(f"ApiVersions answered error {resp['error_code']}")
-    return {a["api_key"]: (a["min_version"], a["max_version"]) for a in resp["api_keys"] if a["min_version"] <= a["max_version"]}
-
-
-def read_metadata(payload: bytes | memoryview, version: int) -> dict[str, Any]:
-    """A Metadata answer, with broker entries kfan could not connect to left out. Raises only :class:`Malformed`."""
-    resp = decode_response(payload, apis.METADATA, version)
-    resp["brokers"] = [b for b in resp["brokers"] if b["node_id"] >= 0 and b["host"] and 0 < b["port"] < 65536]
-    return resp
 
 
 def control_version(api_key: int, versions: Mapping[int, tuple[int, int]]) -> int:
@@ -53,8 +39,11 @@ def control_version(api_key: int, versions: Mapping[int, tuple[int, int]]) -> in
 class ControlLinks:
     """One link per broker (or bootstrap address) for kfan's own requests."""
 
-    def __init__(self, topology: Callable[[], Topology], *, request_timeout: float, max_frame_bytes: int) -> None:
+    def __init__(
+        self, topology: Callable[[], Topology], *, request_timeout: float, max_frame_bytes: int, security: BrokerSecurity | None = None
+    ) -> None:
         self._topology = topology
+        self.security = security if security is not None else BrokerSecurity()
         self.request_timeout = request_timeout
         self.max_frame_bytes = max_frame_bytes
         self.nursery: trio.Nursery | None = None  # the cluster's, once it runs
@@ -64,7 +53,15 @@ class ControlLinks:
         link = self._links.get(key)
         if link is None or link.failed is not None or link.address != (host, port):
             assert self.nursery is not None
-            link = Link(key if isinstance(key, int) else -1, host, port, max_frame_bytes=self.max_frame_bytes)
+            broker = key if isinstance(key, int) else -1
+            link = Link(
+                broker,
+                host,
+                port,
+                max_frame_bytes=self.max_frame_bytes,
+                connect=partial(self.security.connect, host, port),
+                authenticate=self.security.login(broker),
+            )
             self._links[key] = link
             self.nursery.start_soon(link.run)
         return link

@@ -9,7 +9,11 @@ link that fails fails every request waiting on it and stays failed; its owner
 opens a new one on next use.
 
 The link speaks over any :class:`trio.abc.Stream` its ``connect`` function
-returns: a TCP connection to the broker by default, an in-memory stream in tests.
+returns: a TCP (or TLS) connection to the broker by default, an in-memory
+stream in tests. With an ``authenticate`` step (SASL, :mod:`backends.sasl`)
+the link logs in before it sends anything else, and logs in again before the
+session the broker granted ends (KIP-368): the writer pauses, requests
+already sent are answered as usual, and nothing in flight fails.
 """
 
 from __future__ import annotations
@@ -17,15 +21,17 @@ from __future__ import annotations
 import logging
 import math
 import struct
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from functools import partial
+from typing import Any
 
 import trio
 
 from proxy import metrics
 from proxy.core import SubRequest
+from proxy.kafka import schema
 from proxy.kafka.frames import DEFAULT_MAX_FRAME_BYTES, MIN_RESPONSE_FRAME, FrameReader, frame
-from proxy.kafka.headers import correlation_id_of, request_head
+from proxy.kafka.headers import correlation_id_of, request_head, request_header_tail
 from proxy.kafka.wire import Malformed
 
 from .correlations import Correlations, UnknownCorrelationId
@@ -33,8 +39,19 @@ from .correlations import Correlations, UnknownCorrelationId
 log = logging.getLogger("kfan.link")
 _CID = struct.Struct(">i")
 
+CLIENT_ID = "kfan"  # the client id of kfan's own requests
+
 Connect = Callable[[], Awaitable[trio.abc.Stream]]
 """Opens the link's byte stream to its broker."""
+
+Call = Callable[[int, int, Mapping[str, Any]], Awaitable[bytes]]
+"""One request of kfan's own on a link (api key, version, body) and its answer's payload."""
+
+Authenticate = Callable[[Call], Awaitable[float | None]]
+"""Logs a link in over ``Call``; the session lifetime granted, in seconds (None: unlimited)."""
+
+# Log in again this far into a session: early enough for a slow broker, as Kafka's clients do.
+REAUTHENTICATE_AT = 0.85
 
 
 class LinkError(Exception):
@@ -84,8 +101,9 @@ class Link:
         max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
         keep_requests: bool = False,
         connect: Connect | None = None,
+        authenticate: Authenticate | None = None,
     ) -> None:
-        """``connect`` opens the stream (within ``connect_timeout``); by default a TCP connection to ``host``:``port``."""
+        """``connect`` opens the stream (within ``connect_timeout``, as is each login); by default a TCP connection to ``host``:``port``."""
         self.broker_id = broker_id
         self.keep_requests = keep_requests
         self.address = (host, port)
@@ -97,6 +115,10 @@ class Link:
         self._send, self._queue = trio.open_memory_channel[tuple[bytes, Pending]](math.inf)
         self._correlations: Correlations[Pending] = Correlations()
         self._cancel = trio.CancelScope()
+        self._authenticate = authenticate
+        self._reauthenticate_at = math.inf
+        self._idle: trio.CancelScope | None = None  # the writer waiting for a request
+        self.ready = trio.Event()  # connected and logged in, or failed
 
     def __repr__(self) -> str:
         return f"Link(broker {self.broker_id} at {self.address[0]}:{self.address[1]})"
@@ -117,6 +139,14 @@ class Link:
 
     def close(self) -> None:
         self._cancel.cancel()
+
+    def reauthenticate(self) -> None:
+        """Log in again before the next request (new credentials); what is in flight is unaffected."""
+        if self._authenticate is None:
+            return
+        self._reauthenticate_at = -math.inf
+        if self._idle is not None:
+            self._idle.deadline = -math.inf
 
     async def run(self, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Connect, then write queued requests and read responses until failure."""
@@ -144,6 +174,7 @@ class Link:
 
     def _fail(self, reason: LinkError) -> None:
         self.failed = reason
+        self.ready.set()
         self._send.close()
         for pending in self._correlations.take_all():
             pending.set(reason)
@@ -159,13 +190,46 @@ class Link:
 
     async def _write(self, stream: trio.abc.Stream) -> None:
         sent = metrics.BYTES.labels("broker_out")
-        async for data, pending in self._queue:
+        if self._authenticate is not None:
+            await self._login(stream)
+        self.ready.set()
+        while True:
+            item = None
+            with trio.CancelScope(deadline=self._reauthenticate_at) as self._idle:
+                try:
+                    item = await self._queue.receive()
+                except trio.EndOfChannel:
+                    return
+            self._idle = None
+            if trio.current_time() >= self._reauthenticate_at:
+                # The session is about to end (or new credentials came): log in
+                # again before the next request; those sent before are answered first.
+                await self._login(stream)
+            if item is None:
+                continue
+            data, pending = item
             pending.written = True
             self._writing = pending
             await stream.send_all(data)
             self._writing = None
             sent.inc(len(data))
             pending.sent.set()
+
+    async def _login(self, stream: trio.abc.Stream) -> None:
+        assert self._authenticate is not None
+        with trio.fail_after(self.connect_timeout):
+            lifetime = await self._authenticate(partial(self._call, stream))
+        self._reauthenticate_at = math.inf if lifetime is None else trio.current_time() + lifetime * REAUTHENTICATE_AT
+
+    async def _call(self, stream: trio.abc.Stream, api_key: int, version: int, body: Mapping[str, Any]) -> bytes:
+        """A request of kfan's own, written now (only the writer calls this), and its answer."""
+        pending = Pending()
+        pending.broker = self.broker_id
+        cid = self._correlations.add(pending)
+        spec = schema.request_spec(api_key, version)
+        tail = schema.encode_body(spec, {**spec.blank(), **body})
+        await stream.send_all(frame([request_head(api_key, version), _CID.pack(cid), request_header_tail(api_key, version, CLIENT_ID), *tail]))
+        return await pending.wait()
 
     async def _receive(self, stream: trio.abc.Stream) -> None:
         reader = FrameReader(self.max_frame_bytes, MIN_RESPONSE_FRAME)

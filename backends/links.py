@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Awaitable, Callable
+from functools import partial
 
 import trio
 
 from proxy.core import ANY_BROKER, Coordinator, Destination, Failed
 from proxy.core.topology import Broker
+from proxy.security.sasl import Credentials
 
 from .cluster import Cluster
 from .coordinators import CoordinatorError
@@ -40,8 +42,11 @@ class LinkPool:
         max_frame_bytes: int,
         keep_requests: bool = False,
         connect: BrokerConnect | None = None,
+        credentials: Callable[[], Credentials] | None = None,
     ) -> None:
+        """``credentials``: the client's own, for its links' logins (``--broker-identity client``); else kfan's."""
         self.cluster = cluster
+        self._credentials = credentials
         self._nursery = nursery
         self._max_frame_bytes = max_frame_bytes
         self._keep_requests = keep_requests
@@ -90,11 +95,26 @@ class LinkPool:
         b = self.cluster.topology.brokers.get(broker)
         if b is None:
             return None
-        connect = None if self._connect is None else _bound(self._connect, b)
-        link = Link(broker, b.host, b.port, max_frame_bytes=self._max_frame_bytes, keep_requests=self._keep_requests, connect=connect)
+        security = self.cluster.security
+        connect = partial(security.connect, b.host, b.port) if self._connect is None else _bound(self._connect, b)
+        link = Link(
+            broker,
+            b.host,
+            b.port,
+            max_frame_bytes=self._max_frame_bytes,
+            keep_requests=self._keep_requests,
+            connect=connect,
+            authenticate=security.login(broker, self._credentials),
+        )
         self._links[(broker, lane)] = link
         self._nursery.start_soon(link.run)
         return link
+
+    def reauthenticate(self) -> None:
+        """The client logged in again: every open link logs in with its new credentials before its next request."""
+        for link in self._links.values():
+            if link.failed is None:
+                link.reauthenticate()
 
     def close(self, broker: int, lane: Lane) -> None:
         """A hung broker: close its link, so the next request opens a fresh one."""

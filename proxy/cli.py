@@ -19,6 +19,7 @@ from . import config
 from .capture import CaptureConfig
 from .config import parse_address, parse_addresses
 from .connection import Limits
+from .security_options import security_from
 from .server import Running, ServerConfig, serve
 
 log = logging.getLogger("kfan")
@@ -70,6 +71,18 @@ def build_parser() -> argparse.ArgumentParser:
         default="all",
         help="with --target: which recorded requests to send (read-only: metadata, fetches, offsets, describe and list requests)",
     )
+    users = sub.add_parser("users", help="the users file kfan checks clients' SASL logins against (--client-users)")
+    users_sub = users.add_subparsers(dest="users_command", required=True)
+    add = users_sub.add_parser("add", help="add a user, or replace its credentials; the password is read from standard input")
+    add.add_argument("name")
+    add.add_argument(
+        "--mechanism",
+        action="append",
+        choices=("SCRAM-SHA-256", "SCRAM-SHA-512"),
+        help="SCRAM credential to store (repeatable; default both). PLAIN logins are checked against either.",
+    )
+    add.add_argument("--iterations", type=int, default=4096, help="PBKDF2 iterations of the SCRAM credential (at least 4096)")
+    add.add_argument("--client-users", required=True, type=Path, metavar="FILE", help="the users file (created when missing)")
     cap = sub.add_parser("capture", help="capture files")
     cap_sub = cap.add_subparsers(dest="capture_command", required=True)
     imp = cap_sub.add_parser("import", help="turn a tcpdump of direct client-to-broker traffic into a capture")
@@ -109,6 +122,26 @@ def _capture_import(args: argparse.Namespace) -> int:
     return 0 if n else 1
 
 
+def _users_add(args: argparse.Namespace) -> int:
+    from .security.users import add_user
+
+    if sys.stdin.isatty():
+        import getpass
+
+        password = getpass.getpass(f"password for {args.name}: ")
+    else:
+        password = sys.stdin.readline().rstrip("\r\n")
+    if not password:
+        raise SystemExit("kfan users add: an empty password (give it on standard input)")
+    mechanisms = tuple(args.mechanism or ("SCRAM-SHA-256", "SCRAM-SHA-512"))
+    try:
+        add_user(args.client_users, args.name, password, mechanisms, iterations=args.iterations)
+    except (OSError, ValueError) as e:
+        raise SystemExit(f"kfan users add: {e}") from None
+    print(f"kfan users add: {args.name} ({', '.join(mechanisms)}) written to {args.client_users}")
+    return 0
+
+
 def _config(options: dict[str, Any], bootstrap: list[tuple[str, int]], reuse_port: bool = False) -> ServerConfig:
     return ServerConfig(
         bootstrap=bootstrap,
@@ -133,6 +166,7 @@ def _config(options: dict[str, Any], bootstrap: list[tuple[str, int]], reuse_por
         capture=None
         if options["capture"] is None
         else CaptureConfig(options["capture"], sample=options["capture_sample"], records=options["capture_records"]),
+        security=security_from(options),
     )
 
 
@@ -152,11 +186,15 @@ async def _until_signal(body: Callable[[trio.Nursery], Awaitable[Running | None]
 def _serve(options: dict[str, Any]) -> int:
     if not options["bootstrap"]:
         raise SystemExit("kfan serve: --bootstrap (or KFAN_BOOTSTRAP, or bootstrap in the config file) is required")
+    try:
+        # Checked here, before any worker starts: a bad combination is one message, not N.
+        config = _config(options, options["bootstrap"], reuse_port=os.environ.get("KFAN_WORKER") is not None)
+    except (OSError, ValueError) as e:
+        raise SystemExit(f"kfan serve: {e}") from None
     if options["workers"] > 1:
         from .workers import run_workers
 
         return run_workers(options)
-    config = _config(options, options["bootstrap"], reuse_port=os.environ.get("KFAN_WORKER") is not None)
 
     async def body(nursery: trio.Nursery) -> Running:
         running: Running = await nursery.start(serve, config)
@@ -469,6 +507,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "cluster":
         setup_logging(args.log_level, False)
         return _cluster(args)
+    if args.command == "users":
+        return _users_add(args)
     if args.command in ("replay", "capture"):
         setup_logging("WARNING", False)
         return _replay(args) if args.command == "replay" else _capture_import(args)

@@ -39,10 +39,25 @@ def _bool(text: Any) -> bool:
     raise ValueError(f"expected true or false, got {text!r}")
 
 
-def _records_mode(text: Any) -> str:
-    if str(text) not in ("full", "none"):
-        raise ValueError(f"expected full or none, got {text!r}")
-    return str(text)
+def _choice(*choices: str) -> Callable[[Any], str]:
+    def parse(text: Any) -> str:
+        if str(text) not in choices:
+            raise ValueError(f"expected {' or '.join(choices)}, got {text!r}")
+        return str(text)
+
+    return parse
+
+
+_records_mode = _choice("full", "none")
+SASL_MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512", "OAUTHBEARER")
+
+
+def _mechanisms(text: Any) -> tuple[str, ...]:
+    names = [str(m).strip().upper() for m in (text if isinstance(text, list | tuple) else str(text).split(",")) if str(m).strip()]
+    unknown = [m for m in names if m not in SASL_MECHANISMS]
+    if unknown:
+        raise ValueError(f"unknown SASL mechanisms {unknown}; kfan knows {', '.join(SASL_MECHANISMS)}")
+    return tuple(dict.fromkeys(names))
 
 
 @dataclass(frozen=True)
@@ -52,6 +67,7 @@ class Option:
     default: Any
     help: str
     metavar: str | None = None
+    flag: bool = True  # False: environment and file only (a secret must not sit in the process list)
 
     @property
     def env(self) -> str:
@@ -102,6 +118,57 @@ OPTIONS: tuple[Option, ...] = (
     Option("capture", Path, None, "record client exchanges as Parquet files in this directory", "DIR"),
     Option("capture-sample", float, 1.0, "fraction of exchanges captured", "FRACTION"),
     Option("capture-records", _records_mode, "full", "full, or none: record batches emptied so no payload is stored", "full|none"),
+    # --- TLS to clients
+    Option("tls-cert", Path, None, "serve TLS to clients with this certificate chain (PEM); re-read when it changes", "FILE"),
+    Option("tls-key", Path, None, "the private key of --tls-cert (PEM); re-read when it changes", "FILE"),
+    Option("tls-client-ca", Path, None, "require client certificates signed by this CA (mTLS); the subject is the client's principal", "FILE"),
+    # --- TLS to brokers
+    Option("broker-tls", _bool, False, "connect to the brokers over TLS (bootstrap, control plane and every link)", "BOOL"),
+    Option("broker-tls-ca", Path, None, "CA bundle the brokers' certificates are checked against (default: the system's CAs)", "FILE"),
+    Option("broker-tls-cert", Path, None, "client certificate kfan presents to the brokers (mTLS)", "FILE"),
+    Option("broker-tls-key", Path, None, "the private key of --broker-tls-cert", "FILE"),
+    Option(
+        "broker-tls-server-name",
+        str,
+        None,
+        "the name every broker certificate is checked against (default: each broker's advertised host)",
+        "NAME",
+    ),
+    # --- SASL to brokers
+    Option("broker-sasl-mechanism", _choice(*SASL_MECHANISMS), None, "authenticate to the brokers with this SASL mechanism", "MECHANISM"),
+    Option("broker-sasl-username", str, None, "kfan's SASL user name at the brokers", "NAME"),
+    Option("broker-sasl-password-file", Path, None, "file holding kfan's SASL password; re-read when it changes", "FILE"),
+    Option("broker-sasl-password", str, None, "kfan's SASL password (environment or config file only, never a flag)", "PASSWORD", flag=False),
+    Option("broker-sasl-token-file", Path, None, "file holding kfan's OAUTHBEARER token; re-read when it changes", "FILE"),
+    Option(
+        "broker-identity",
+        _choice("kfan", "client"),
+        "kfan",
+        "who the brokers see: kfan's own SASL identity, or each client's (PLAIN and OAUTHBEARER credentials replayed)",
+        "kfan|client",
+    ),
+    # --- clients authenticated by kfan
+    Option("client-auth", _choice("none", "mtls", "sasl"), "none", "how kfan authenticates clients", "none|mtls|sasl"),
+    Option(
+        "client-sasl-mechanisms",
+        _mechanisms,
+        None,
+        "mechanisms offered to clients (default: those the configured files allow; with --broker-identity client no SCRAM)",
+        "M[,...]",
+    ),
+    Option("client-users", Path, None, "users file for PLAIN and SCRAM (`kfan users add`); re-read when it changes", "FILE"),
+    Option("client-oauth-jwks", Path, None, "JWKS file with the keys OAUTHBEARER tokens are signed with; re-read when it changes", "FILE"),
+    Option("client-oauth-issuer", str, None, "the `iss` an OAUTHBEARER token must carry", "ISSUER"),
+    Option("client-oauth-audience", str, None, "the `aud` an OAUTHBEARER token must carry", "AUDIENCE"),
+    Option("client-oauth-clock-skew", float, 30.0, "seconds of clock difference allowed when checking a token's times", "SECONDS"),
+    Option(
+        "client-session-lifetime",
+        float,
+        0.0,
+        "seconds a client's SASL session lasts before it must re-authenticate (KIP-368); 0: no limit but a token's expiry",
+        "SECONDS",
+    ),
+    Option("client-auth-failure-delay", float, 0.1, "seconds before a failed authentication is answered", "SECONDS"),
     Option("log-level", str, "INFO", "DEBUG, INFO, WARNING, ERROR", "LEVEL"),
     Option("log-json", _bool, False, "one JSON object per log line", "BOOL"),
 )
@@ -111,7 +178,7 @@ def add_options(parser: argparse.ArgumentParser, *, skip: tuple[str, ...] = ()) 
     """Flags for every option; unset flags stay absent so the layers below can fill them."""
     parser.add_argument("--config", type=Path, default=argparse.SUPPRESS, metavar="FILE", help="TOML file with options")
     for o in OPTIONS:
-        if o.name in skip:
+        if o.name in skip or not o.flag:
             continue
         parser.add_argument(
             f"--{o.name}",

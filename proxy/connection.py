@@ -38,12 +38,13 @@ import trio
 
 from backends.cluster import Cluster
 from backends.link import Pending
-from backends.links import BrokerConnect, LinkPool
+from backends.links import BrokerConnect, Lane, LinkPool
 
 from . import metrics
 from .budget import Budget, MemoryPool
 from .capture import Capture
 from .capture.rows import CaptureRow, topology_document
+from .client_auth import Answer, ClientAuthConfig, ClientSession, Refused
 from .core import (
     BrokerAnswer,
     Context,
@@ -59,6 +60,7 @@ from .forwarder import Forwarder, Handles
 from .kafka.frames import FrameReader, frame
 from .kafka.headers import RequestHeader, peek_request, response_header
 from .kafka.wire import Malformed, Parts
+from .security.tls import ServerTLS, looks_like_tls, principal_of
 
 log = logging.getLogger("kfan.connection")
 _ids = itertools.count(1)
@@ -91,12 +93,13 @@ class _Close(Exception):
 class ResponseSlot:
     """A place in the response order."""
 
-    __slots__ = ("done", "parts", "close", "size", "started", "api_key", "captured")
+    __slots__ = ("done", "parts", "close", "close_after", "size", "started", "api_key", "captured")
 
     def __init__(self, size: int, api_key: int) -> None:
         self.done = trio.Event()
         self.parts: Parts | None = None
         self.close: str | None = None  # end the connection here, for this reason
+        self.close_after: str | None = None  # end it once this response is written (a failed login)
         self.size = size  # bytes held for it: the request's cost, then its response's too
         self.started = trio.current_time()
         self.api_key = api_key
@@ -176,7 +179,12 @@ class ClientConnection:
         capture: Capture | None = None,
         pool: MemoryPool | None = None,
         connect_broker: BrokerConnect | None = None,
+        *,
+        auth: ClientAuthConfig | None = None,
+        peer: str = "?",
+        principal: str | None = None,
     ) -> None:
+        """``auth``: clients log in with SASL first; ``principal``: who the client's TLS certificate says it is."""
         self.stream = stream
         self.capture = capture
         self.cluster = cluster
@@ -192,22 +200,36 @@ class ClientConnection:
         # the reader takes one before reading the next request, so at most
         # max_inflight requests are read and not yet answered.
         self._capacity = trio.Semaphore(limits.max_inflight)
+        self.peer = peer
+        self.principal = principal
+        name = f"client {self.id} ({peer})"
+        self._session = None if auth is None else ClientSession(auth, name, confirm=self._confirm, on_login=self._relogin)
+        self._links: LinkPool | None = None
 
     async def run(self) -> None:
         """Serve the client until it leaves or must go; never raises (but for cancellation)."""
         try:
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
-                links = LinkPool(
+                session = self._session
+                carry = session is not None and session.config.carry_identity
+                links = self._links = LinkPool(
                     self.cluster,
                     nursery,
                     max_frame_bytes=self.limits.max_frame_bytes,
                     keep_requests=self.capture is not None,
                     connect=self._connect_broker,
+                    credentials=session.broker_credentials if carry and session is not None else None,
                 )
                 limits = self.limits
                 self._forwarder = Forwarder(
-                    self.cluster, links, self.identity, request_timeout=limits.request_timeout, max_hold=limits.max_hold, client=self.id
+                    self.cluster,
+                    links,
+                    self.identity,
+                    request_timeout=limits.request_timeout,
+                    max_hold=limits.max_hold,
+                    client=self.id,
+                    client_identity=carry,
                 )
                 send, receive = trio.open_memory_channel[ResponseSlot](self.limits.max_inflight)
                 nursery.start_soon(self._write, receive, nursery.cancel_scope)
@@ -238,6 +260,7 @@ class ClientConnection:
     async def _read(self, send: trio.MemorySendChannel[ResponseSlot]) -> None:
         reader = FrameReader(self.limits.max_frame_bytes)
         holding = False  # a capacity token for the next request
+        first = True  # no byte read yet
         while True:
             if not holding:
                 await self._capacity.acquire()
@@ -258,10 +281,27 @@ class ClientConnection:
                     if reader.pending_partial():
                         log.warning("client %s: connection ended inside a frame", self.id)
                     raise _Close("eof")
+                if first and looks_like_tls(data):
+                    log.warning("client %s (%s): a TLS handshake on a plaintext listener, closing", self.id, self.peer)
+                    raise _Close("tls_on_plaintext")
+                first = False
                 reader.feed(data)
                 self._receiver.sync_partial(reader)
                 continue
             metrics.BYTES.labels("client_in").inc(len(payload) + 4)
+            if self._session is not None:
+                answer = await self._admit(payload)
+                if answer is not None:
+                    # kfan's own SASL answer, in its place in the response order.
+                    slot = ResponseSlot(0, answer.api_key)
+                    metrics.CLIENT_REQUESTS.labels(str(answer.api_key), "-").inc()
+                    metrics.INFLIGHT.inc()
+                    self._inflight += 1
+                    await send.send(slot)
+                    holding = False
+                    slot.parts, slot.close_after = answer.parts, answer.close
+                    slot.done.set()
+                    continue
             read_at = time.time_ns() if self.capture is not None and self.capture.sampled() else None
             ctx, plan = await self._plan(payload)
             await self._budget.acquire(plan.cost)
@@ -287,6 +327,38 @@ class ClientConnection:
                 log.error("client %s: unexpected error sending %s", self.id, _describe(h), exc_info=True)
                 raise _Close("internal_error") from e
             self._nursery.start_soon(self._complete, plan, handles, slot, submitted_at)
+
+    async def _admit(self, payload: bytes | memoryview) -> Answer | None:
+        assert self._session is not None
+        try:
+            return await self._session.admit(payload)
+        except Refused as e:
+            log.warning("client %s (%s): closing: %s", self.id, self.peer, e)
+            raise _Close(e.reason) from None
+        except Malformed as e:
+            key, version, cid = peek_request(payload) if len(payload) >= 8 else (-1, -1, -1)
+            log.warning("client %s: closing on SASL request api_key=%s v%s correlation_id=%s: %s", self.id, key, version, cid, e)
+            raise _Close("malformed") from e
+
+    async def _confirm(self, credentials: object) -> str | None:
+        """Log a broker link in with the client's credentials (--broker-identity client): None if the broker took them."""
+        links = self._links
+        assert links is not None
+        broker = links.default_broker()
+        link = None if broker is None else links.link(broker, Lane.MAIN)
+        if link is None:
+            return "no broker is reachable"
+        with trio.move_on_after(self.limits.request_timeout):
+            await link.ready.wait()
+        if not link.ready.is_set():
+            link.close()
+            return f"broker {broker} did not answer the login within {self.limits.request_timeout:.0f} s"
+        return None if link.failed is None else str(link.failed)
+
+    def _relogin(self) -> None:
+        """The client logged in again: with its identity carried, so do its broker links."""
+        if self._links is not None and self._session is not None and self._session.config.carry_identity:
+            self._links.reauthenticate()
 
     async def _plan(self, payload: bytes | memoryview) -> tuple[Context, LocalReply | Forward]:
         """Plan one request; a request kfan cannot plan closes the connection."""
@@ -369,6 +441,8 @@ class ClientConnection:
                     raise _Close("frame_timeout")
                 self._receiver.last_active = trio.current_time()  # idle counts from the last byte either way
                 metrics.BYTES.labels("client_out").inc(len(data))
+            if slot.close_after is not None:
+                raise _Close(slot.close_after)
             metrics.CLIENT_LATENCY.labels(str(slot.api_key)).observe(trio.current_time() - slot.started)
             self._budget.release(slot.size)
         # The client closed its side and every response is written.
@@ -458,6 +532,9 @@ async def serve_client(
     registry: Connections | None = None,
     capture: Capture | None = None,
     pool: MemoryPool | None = None,
+    *,
+    tls: ServerTLS | None = None,
+    auth: ClientAuthConfig | None = None,
 ) -> None:
     if registry is not None and len(registry) >= limits.max_connections:
         # As a broker over max.connections: the new connection is closed at once.
@@ -469,8 +546,19 @@ async def serve_client(
             log.warning("refusing client connections: %d open, the limit (--max-connections)", len(registry))
         await trio.aclose_forcefully(stream)
         return
-    conn = ClientConnection(stream, cluster, identity, limits, capture, pool)
-    log.debug("client %s connected", conn.id)
+    peer = peer_of(stream)
+    principal = None
+    if tls is not None:
+        secured = await _tls_handshake(stream, tls, peer, limits.frame_timeout)
+        if secured is None:
+            return
+        stream = secured
+        principal = principal_of(secured.getpeercert())
+        if principal is not None:
+            metrics.AUTHENTICATIONS.labels("mTLS", "ok").inc()
+            log.info("client at %s: TLS client certificate of %s", peer, principal)
+    conn = ClientConnection(stream, cluster, identity, limits, capture, pool, auth=auth, peer=peer, principal=principal)
+    log.debug("client %s connected from %s", conn.id, peer)
     metrics.CLIENT_CONNECTIONS.inc()
     try:
         if registry is None:
@@ -481,3 +569,36 @@ async def serve_client(
     finally:
         metrics.CLIENT_CONNECTIONS.dec()
     log.debug("client %s gone", conn.id)
+
+
+async def _tls_handshake(stream: trio.abc.Stream, tls: ServerTLS, peer: str, timeout: float) -> trio.SSLStream[trio.abc.Stream] | None:
+    """The client's TLS, or None (logged, closed) when the handshake fails: a plaintext client, a bad or missing certificate."""
+    secured = trio.SSLStream(stream, tls.context(), server_side=True)
+    try:
+        with trio.fail_after(timeout):
+            await secured.do_handshake()
+        return secured
+    except (trio.BrokenResourceError, trio.TooSlowError, OSError) as e:
+        cause = e.__cause__ if isinstance(e, trio.BrokenResourceError) and e.__cause__ is not None else e
+        text = getattr(cause, "reason", None) or repr(cause)
+        hint = ""
+        if text in ("WRONG_VERSION_NUMBER", "HTTP_REQUEST", "UNEXPECTED_EOF_WHILE_READING", "RECORD_LAYER_FAILURE") or isinstance(e, trio.TooSlowError):
+            hint = " (a plaintext client on the TLS listener?)"
+        elif "CERTIFICATE" in str(text).upper():
+            metrics.AUTHENTICATIONS.labels("mTLS", "failed").inc()
+        log.warning("client at %s: TLS handshake failed, closing: %s%s", peer, text, hint)
+        metrics.CLIENT_CLOSES.labels("tls_handshake").inc()
+        await trio.aclose_forcefully(stream)
+        return None
+
+
+def peer_of(stream: trio.abc.Stream) -> str:
+    """The client's address, "host:port", for the log ("?" for streams without a socket)."""
+    while isinstance(stream, trio.SSLStream):
+        stream = stream.transport_stream
+    sock = getattr(stream, "socket", None)
+    try:
+        host, port = sock.getpeername()[:2]  # type: ignore[union-attr]
+    except (AttributeError, OSError, ValueError, TypeError):
+        return "?"
+    return f"{host}:{port}"

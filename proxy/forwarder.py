@@ -18,6 +18,7 @@ import trio
 from backends.cluster import Cluster
 from backends.link import LinkError, Pending
 from backends.links import Lane, LinkPool
+from backends.sasl import AuthenticationFailed
 
 from . import metrics
 from .core import (
@@ -56,9 +57,19 @@ Answers = Mapping[Destination, BrokerAnswer]
 
 class Forwarder:
     def __init__(
-        self, cluster: Cluster, links: LinkPool, identity: Identity, *, request_timeout: float, max_hold: float, client: int
+        self,
+        cluster: Cluster,
+        links: LinkPool,
+        identity: Identity,
+        *,
+        request_timeout: float,
+        max_hold: float,
+        client: int,
+        client_identity: bool = False,
     ) -> None:
+        """``client_identity``: the links log in as the client, so a refused login is the client's (error 58), not a broker failure."""
         self.cluster = cluster
+        self.client_identity = client_identity
         self.identity = identity
         self.links = links
         self.request_timeout = request_timeout  # beyond the time the request itself allows the broker
@@ -159,6 +170,8 @@ class Forwarder:
                 log.info("client %s: %s", self.client, e)
                 if destination is ANY_BROKER:
                     self.links.default_failed(pending.broker)
+                if self.client_identity and isinstance(e, AuthenticationFailed):
+                    return Failed(errors.SASL_AUTHENTICATION_FAILED)
                 self.cluster.request_refresh()
                 return Failed(plan.route.failure.code(pending.written))
             if pending.done_at is not None and pending.created_at >= submitted_at:

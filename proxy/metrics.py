@@ -52,6 +52,17 @@ CLIENT_CLOSES = Counter(
     "broker_answer, internal_error, max_connections)",
     ["reason"],
 )
+AUTHENTICATIONS = Counter(
+    "kfan_authentications",
+    "Client authentications by kfan, by mechanism (PLAIN, SCRAM-SHA-256, SCRAM-SHA-512, OAUTHBEARER, mTLS) and result "
+    "(ok, reauthenticated, failed, unsupported_mechanism, expired)",
+    ["mechanism", "result"],
+)
+BROKER_AUTHENTICATIONS = Counter(
+    "kfan_broker_authentications",
+    "kfan's SASL authentications on its broker links, by broker, mechanism and result (ok, reauthenticated, failed)",
+    ["broker", "mechanism", "result"],
+)
 BUFFERED_BYTES = Gauge(
     "kfan_buffered_bytes", "Bytes held for clients: frames arriving, requests in flight, responses unwritten", multiprocess_mode="livesum"
 )
@@ -71,7 +82,7 @@ def registry() -> CollectorRegistry:
 async def serve_http(
     host: str,
     port: int,
-    ready: Callable[[], bool],
+    ready: Callable[[], bool | tuple[bool, str]],
     task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve /metrics, /healthz and /readyz until cancelled; reports the bound port."""
@@ -96,12 +107,9 @@ async def serve_http(
                 elif path == "/healthz":
                     status, ctype, body = "200 OK", "text/plain", b"ok\n"
                 elif path == "/readyz":
-                    ok = ready()
-                    status, ctype, body = (
-                        ("200 OK" if ok else "503 Service Unavailable"),
-                        "text/plain",
-                        (b"ready\n" if ok else b"not ready\n"),
-                    )
+                    state = ready()
+                    ok, why = state if isinstance(state, tuple) else (state, "ready" if state else "not ready")
+                    status, ctype, body = ("200 OK" if ok else "503 Service Unavailable"), "text/plain", f"{why}\n".encode()
                 else:
                     status, ctype, body = "404 Not Found", "text/plain", b"not found\n"
                 head = f"HTTP/1.1 {status}\r\nContent-Type: {ctype}\r\nContent-Length: {len(body)}\r\nConnection: close\r\n\r\n"

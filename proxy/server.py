@@ -20,8 +20,10 @@ from backends.cluster import Cluster
 from . import metrics
 from .budget import MemoryPool
 from .capture import Capture, CaptureConfig
+from .client_auth import SASL_VERSIONS
 from .connection import Connections, Limits, serve_client
 from .core import Identity
+from .security_options import Security
 
 log = logging.getLogger("kfan.server")
 
@@ -38,6 +40,7 @@ class ServerConfig:
     reuse_port: bool = False  # several worker processes share the listen port
     shutdown_timeout_s: float = 25.0
     capture: CaptureConfig | None = None
+    security: Security = field(default_factory=Security)
 
 
 @dataclass
@@ -83,11 +86,16 @@ async def serve(config: ServerConfig, task_status: trio.TaskStatus[Running] = tr
         config.bootstrap,
         refresh_interval=config.metadata_refresh_s,
         max_frame_bytes=config.limits.max_frame_bytes,
+        security=config.security.broker,
     )
+    if config.security.client_auth is not None:
+        cluster.local_versions = dict(SASL_VERSIONS)
+    for line in config.security.summary:
+        log.info("security: %s", line)
     async with trio.open_nursery() as nursery:
         metrics_port = None
         if config.metrics_listen is not None:
-            metrics_port = await nursery.start(metrics.serve_http, *config.metrics_listen, cluster.is_ready)
+            metrics_port = await nursery.start(metrics.serve_http, *config.metrics_listen, cluster.readiness)
         await nursery.start(cluster.run)
         capture = Capture(config.capture) if config.capture is not None else None
         if capture is not None:
@@ -109,6 +117,8 @@ async def serve(config: ServerConfig, task_status: trio.TaskStatus[Running] = tr
             registry=running.connections,
             capture=capture,
             pool=MemoryPool(config.limits.max_buffered_bytes),
+            tls=config.security.tls,
+            auth=config.security.client_auth,
         )
         task_status.started(running)
         async with trio.open_nursery() as clients:

@@ -40,11 +40,11 @@ def _flag_value(value: Any) -> str:
 
 
 def worker_argv(options: dict[str, Any], port: int) -> list[str]:
-    """The `kfan serve` command line of one worker: every option, explicitly."""
+    """The `kfan serve` command line of one worker: every option with a flag, explicitly (secrets go by environment)."""
     argv = [sys.executable, "-m", "proxy", "serve"]
     for o in config.OPTIONS:
         value = options[o.dest]
-        if o.name in ("workers", "metrics-listen") or value is None:
+        if o.name in ("workers", "metrics-listen") or value is None or not o.flag:
             continue
         if o.name == "listen":
             value = (value[0], port)
@@ -58,6 +58,11 @@ def worker_environment(environ: Mapping[str, str]) -> dict[str, str]:
     KFAN_METRICS_LISTEN (or a config file naming metrics-listen) would try to
     bind the parent's metrics port."""
     return {k: v for k, v in environ.items() if not k.startswith("KFAN_")}
+
+
+def worker_secrets(options: Mapping[str, Any]) -> dict[str, str]:
+    """The options that have no flag (secrets), as the environment a worker reads them from."""
+    return {o.env: _flag_value(options[o.dest]) for o in config.OPTIONS if not o.flag and options[o.dest] is not None}
 
 
 def run_workers(options: dict[str, Any]) -> int:
@@ -110,7 +115,7 @@ async def _supervise(options: dict[str, Any], port: int, metrics_dir: str) -> in
             await nursery.start(metrics.serve_http, *options["metrics_listen"], ready)
         with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
             for i in range(n):
-                env = {**worker_environment(os.environ), "KFAN_WORKER": str(i), "PROMETHEUS_MULTIPROC_DIR": metrics_dir}
+                env = {**worker_environment(os.environ), **worker_secrets(options), "KFAN_WORKER": str(i), "PROMETHEUS_MULTIPROC_DIR": metrics_dir}
                 proc = await trio.lowlevel.open_process(worker_argv(options, port), env=env, stdout=subprocess.PIPE)
                 procs.append(proc)
                 nursery.start_soon(pump, proc)

@@ -24,7 +24,7 @@ import pytest
 import trio
 
 from backends.cluster import Cluster
-from backends.control import read_api_versions, read_metadata
+from backends.reads import read_api_versions, read_metadata
 from backends.coordinators import CoordinatorError, read_coordinator
 from proxy.core import (
     ANY_BROKER,

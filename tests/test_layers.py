@@ -35,13 +35,14 @@ PACKAGES = ("proxy", "backends", "spark")  # the tree this test walks
 SHARED = ("proxy.kafka.*", "proxy.core.*", "proxy.metrics")  # what the broker side and the capture side may use
 # The trio layer that wires everything together (and the embedded cluster).
 TOP = ("proxy.cli", "proxy.server", "proxy.connection", "proxy.forwarder", "proxy.gather", "proxy.workers", "proxy.__main__",
-       "proxy.config", "backends.mock")  # fmt: skip
+       "proxy.config", "proxy.client_auth", "proxy.security_options", "backends.mock")  # fmt: skip
 
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("proxy", (STDLIB,)),  # the package itself: importing any proxy module runs it
     ("proxy.kafka.*", (STDLIB, "kio.*", "proxy.kafka.*")),  # Kafka bytes
     ("proxy.core.*", (STDLIB, "kio.*", "proxy.kafka.*", "proxy.core.*")),  # the sans-IO core
-    ("backends.*", (STDLIB, THIRD_PARTY, *SHARED, "proxy.budget", "backends.*")),  # the broker side
+    ("proxy.security.*", (STDLIB, THIRD_PARTY, "proxy.security.*")),  # TLS contexts, SASL exchanges, users, tokens
+    ("backends.*", (STDLIB, THIRD_PARTY, *SHARED, "proxy.budget", "proxy.security.*", "backends.*")),  # the broker side
     ("proxy.metrics", (STDLIB, THIRD_PARTY)),  # a leaf: the Prometheus families and the HTTP endpoint
     ("proxy.budget", (STDLIB, THIRD_PARTY, "proxy.metrics")),  # nearly a leaf: the memory a client may make kfan hold
     ("proxy.capture.*", (STDLIB, THIRD_PARTY, *SHARED, "proxy.capture.*")),  # capture, pcap import, live replay
@@ -177,7 +178,7 @@ def test_the_checker_reports_forbidden_imports_and_cycles() -> None:
     assert graph["proxy.core.y"] == {"proxy.kafka.wire", "backends.link"}
     assert graph["backends.link"] == {"trio", "proxy.core.plan_request", "proxy.server"}
     assert violations(graph) == [
-        "backends.link -> proxy.server (backends.* may import only stdlib, third-party, proxy.kafka.*, proxy.core.*, proxy.metrics, proxy.budget, backends.*)",
+        "backends.link -> proxy.server (backends.* may import only stdlib, third-party, proxy.kafka.*, proxy.core.*, proxy.metrics, proxy.budget, proxy.security.*, backends.*)",
         "proxy.cli -> tests.support (nothing under proxy/, backends/, spark/ imports tests)",
         "proxy.core.y -> backends.link (proxy.core.* may import only stdlib, kio.*, proxy.kafka.*, proxy.core.*)",
         "proxy.kafka.x -> trio (proxy.kafka.* may import only stdlib, kio.*, proxy.kafka.*)",

@@ -1,0 +1,68 @@
+"""A file whose contents kfan keeps current: certificates, keys, passwords,
+tokens and the users file are re-read when they change on disk (a rotated
+Kubernetes Secret swaps a symlink), without a restart.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Generic, TypeVar
+
+T = TypeVar("T")
+
+# A change is noticed at most this long after it happened; no stat per request.
+CHECK_INTERVAL = 1.0
+
+
+class WatchedFile(Generic[T]):
+    """``value()``: ``load(path)``, loaded again when the file's identity, size or mtime changes.
+
+    A file that fails to load after a change keeps the last good value (logged
+    by the caller through ``on_error``); one that never loaded raises.
+    """
+
+    def __init__(self, path: Path | str, load: Callable[[Path], T], *, on_error: Callable[[Path, Exception], None] | None = None) -> None:
+        self.path = Path(path)
+        self._load = load
+        self._on_error = on_error
+        self._stamp: tuple[int, int, int, int] | None = None
+        self._checked_at = -float("inf")
+        self._value: T | None = None
+        self._loaded = False
+        self.value()  # a file that cannot be read at start is a configuration error: raise now
+
+    def _stat(self) -> tuple[int, int, int, int]:
+        st = os.stat(self.path)  # follows symlinks: a Secret's ..data swap changes the inode
+        return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+
+    def value(self) -> T:
+        now = time.monotonic()
+        if self._loaded and now - self._checked_at < CHECK_INTERVAL:
+            return self._value  # type: ignore[return-value]
+        self._checked_at = now
+        try:
+            stamp = self._stat()
+            if not self._loaded or stamp != self._stamp:
+                self._value = self._load(self.path)
+                self._stamp = stamp
+                self._loaded = True
+        except Exception as e:
+            if not self._loaded:
+                raise
+            if self._on_error is not None:
+                self._on_error(self.path, e)
+        return self._value  # type: ignore[return-value]
+
+    @property
+    def stamp(self) -> tuple[int, int, int, int] | None:
+        """Changes whenever a new version was loaded."""
+        self.value()
+        return self._stamp
+
+
+def read_secret(path: Path) -> str:
+    """A password or token file: its text without the trailing newline editors and `kubectl create secret` leave."""
+    return path.read_text().rstrip("\r\n")

@@ -1,0 +1,113 @@
+"""TLS contexts for kfan's two sides, and what a TLS peer is called.
+
+The client side's certificate and key are files that change under kfan (a
+rotated Kubernetes Secret): :class:`ServerTLS` builds a fresh context when
+they change, for new connections; connections already open keep theirs.
+The broker side checks every broker's certificate against its advertised host
+(or one configured name), always.
+"""
+
+from __future__ import annotations
+
+import logging
+import ssl
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from .files import WatchedFile
+
+log = logging.getLogger("kfan.tls")
+
+
+def _server_context(paths: tuple[Path, Path, Path | None]) -> ssl.SSLContext:
+    cert, key, client_ca = paths
+    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+    ctx.load_cert_chain(cert, key)
+    if client_ca is not None:
+        ctx.load_verify_locations(cafile=str(client_ca))
+        ctx.verify_mode = ssl.CERT_REQUIRED
+    return ctx
+
+
+class ServerTLS:
+    """The client listener's TLS: ``context()`` is current with the files on disk."""
+
+    def __init__(self, cert: Path, key: Path, client_ca: Path | None = None) -> None:
+        self.paths = (cert, key, client_ca)
+        self.requires_client_certificate = client_ca is not None
+        files = [cert, key] + ([client_ca] if client_ca is not None else [])
+        # Each file watched; a change in any one rebuilds the context from all.
+        self._watched = [WatchedFile(p, lambda p: p.read_bytes(), on_error=_reload_failed) for p in files]
+        self._stamps: list[Any] = []
+        self._context: ssl.SSLContext | None = None
+        self.context()
+
+    def context(self) -> ssl.SSLContext:
+        stamps = [w.stamp for w in self._watched]
+        if self._context is None or stamps != self._stamps:
+            try:
+                context = _server_context(self.paths)
+            except (OSError, ssl.SSLError) as e:
+                if self._context is None:
+                    raise
+                # A half-written rotation (new cert, old key): keep serving with the last good pair.
+                log.warning("TLS: keeping the previous certificate, the new files do not load: %r", e)
+                self._stamps = stamps
+                return self._context
+            if self._context is not None:
+                log.info("TLS: certificate files changed; new connections get the new certificate")
+            self._context, self._stamps = context, stamps
+        return self._context
+
+
+def _reload_failed(path: Path, e: Exception) -> None:
+    log.warning("TLS: cannot read %s, keeping the previous certificate: %r", path, e)
+
+
+def broker_context(ca: Path | None = None, cert: Path | None = None, key: Path | None = None) -> ssl.SSLContext:
+    """kfan as a TLS client of the brokers: their certificates checked against ``ca`` (the system's CAs by default)."""
+    ctx = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cafile=str(ca) if ca is not None else None)
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+    ctx.check_hostname = True  # never off: a name kfan cannot check is named with --broker-tls-server-name
+    if cert is not None:
+        ctx.load_cert_chain(cert, key)
+    return ctx
+
+
+def principal_of(peer_certificate: Mapping[str, Any] | None) -> str | None:
+    """A client certificate's subject as Kafka names an SSL principal: RFC 2253, most specific first ("CN=app,O=Org")."""
+    if not peer_certificate or "subject" not in peer_certificate:
+        return None
+    rdns = []
+    for rdn in reversed(peer_certificate["subject"]):
+        rdns.append("+".join(f"{_SHORT.get(k, k)}={_escape(v)}" for k, v in rdn))
+    return ",".join(rdns) or None
+
+
+_SHORT = {
+    "commonName": "CN",
+    "organizationName": "O",
+    "organizationalUnitName": "OU",
+    "countryName": "C",
+    "stateOrProvinceName": "ST",
+    "localityName": "L",
+    "streetAddress": "STREET",
+    "domainComponent": "DC",
+    "userId": "UID",
+}
+
+
+def _escape(value: str) -> str:
+    out = "".join("\\" + c if c in ',+"\\<>;=' else c for c in value)
+    if out.startswith((" ", "#")):
+        out = "\\" + out
+    if out.endswith(" ") and not out.endswith("\\ "):
+        out = out[:-1] + "\\ "
+    return out
+
+
+def looks_like_tls(data: bytes | bytearray | memoryview) -> bool:
+    """The first bytes of a TLS ClientHello (a handshake record, SSL 3.0 to TLS 1.3 record versions)."""
+    return len(data) >= 3 and data[0] == 0x16 and data[1] == 0x03 and data[2] <= 0x04
