@@ -171,14 +171,23 @@ def _config(options: dict[str, Any], bootstrap: list[tuple[str, int]], reuse_por
 
 
 async def _until_signal(body: Callable[[trio.Nursery], Awaitable[Running | None]], shutdown_timeout: float = 0.0) -> None:
-    """Run until SIGINT or SIGTERM; then drain the server (if any) and cancel everything."""
+    """Run until SIGINT or SIGTERM; then drain the server (if any) and cancel everything.
+
+    Signals are heard while the body still starts too: a kfan that cannot
+    reach (or log in to) any broker must still stop when told.
+    """
     async with trio.open_nursery() as nursery:
         with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
-            running = await body(nursery)
+            started: list[Running | None] = []
+
+            async def start() -> None:
+                started.append(await body(nursery))
+
+            nursery.start_soon(start)
             async for signum in signals:
                 log.info("received %s, stopping", signal.Signals(signum).name)
-                if running is not None:
-                    await running.shutdown(shutdown_timeout)
+                if started and started[0] is not None:
+                    await started[0].shutdown(shutdown_timeout)
                 nursery.cancel_scope.cancel()
                 break
 

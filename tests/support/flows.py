@@ -12,6 +12,7 @@ from collections.abc import Callable
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
+from tests.support.client_security import PLAINTEXT, ClientSecurity
 from tests.support.kfan import Kfan
 from tests.support.round_trip import SESSION_MS
 
@@ -76,7 +77,9 @@ class Flow:
     or as a member of ``group`` that commits after every batch.
     """
 
-    def __init__(self, topic: str, produce_via: Kfan, consume_via: Kfan, rate: int = 600, group: str | None = None) -> None:
+    def __init__(
+        self, topic: str, produce_via: Kfan, consume_via: Kfan, rate: int = 600, group: str | None = None, security: ClientSecurity = PLAINTEXT
+    ) -> None:
         self.topic = topic
         self.reports = Reports()
         self.sent = 0
@@ -103,6 +106,7 @@ class Flow:
                 "reconnect.backoff.ms": 50,
                 "reconnect.backoff.max.ms": 500,
                 "error_cb": self.producer_errors.append,
+                **security.librdkafka(),
             }
         )
         self.consumer = Consumer(
@@ -117,6 +121,7 @@ class Flow:
                 "reconnect.backoff.ms": 50,
                 "reconnect.backoff.max.ms": 500,
                 "error_cb": self.consumer_errors.append,
+                **security.librdkafka(),
             }
         )
         if group is None:

@@ -88,9 +88,9 @@ class Kcat:
             raise KcatFailed(f"{' '.join(cmd)} exited {done.returncode}; stderr ends:\n{done.stderr.decode(errors='replace')[-4000:]}")
         return done
 
-    def metadata(self, bootstrap: str, topic: str) -> dict[str, Any]:
+    def metadata(self, bootstrap: str, topic: str, *extra: str) -> dict[str, Any]:
         """``kcat -L -J -t topic``: the Metadata answer as kcat's JSON."""
-        return json.loads(self.run("-b", bootstrap, "-L", "-J", "-t", topic, timeout=30).stdout)
+        return json.loads(self.run("-b", bootstrap, "-L", "-J", "-t", topic, *extra, timeout=30).stdout)
 
     def produce(self, bootstrap: str, topic: str, records: Iterable[tuple[bytes, bytes]], *extra: str, timeout: float = 60) -> None:
         """``kcat -P -K:``: one keyed record per input line; kcat exits once all are delivered."""

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
+from tests.support.client_security import PLAINTEXT, ClientSecurity
 from tests.support.kcat import Kcat, Row
 
 N = 10_000
@@ -117,7 +118,7 @@ class Trip:
     log: str = field(default="", repr=False)  # the client's own log, for assertion messages
 
 
-RoundTrip = Callable[[str, str, str, Records], Trip]  # (bootstrap, topic, group, records) -> Trip
+RoundTrip = Callable[..., Trip]  # (bootstrap, topic, group, records, security=PLAINTEXT) -> Trip
 
 
 def _member(group: str) -> dict[str, object]:
@@ -135,9 +136,10 @@ def _node_id(broker: object) -> int | None:
     return getattr(broker, "nodeId", getattr(broker, "node_id", None))
 
 
-def confluent_kafka_round_trip(bootstrap: str, topic: str, group: str, records: Records) -> Trip:
-    md = AdminClient({"bootstrap.servers": bootstrap}).list_topics(topic, timeout=10)
-    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5})
+def confluent_kafka_round_trip(bootstrap: str, topic: str, group: str, records: Records, security: ClientSecurity = PLAINTEXT) -> Trip:
+    sec = security.librdkafka()
+    md = AdminClient({"bootstrap.servers": bootstrap, **sec}).list_topics(topic, timeout=10)
+    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5, **sec})
     failures: list[str] = []
     for key, value in records:
         producer.produce(topic, value=value, key=key, on_delivery=lambda err, msg: err and failures.append(str(err)))
@@ -152,6 +154,7 @@ def confluent_kafka_round_trip(bootstrap: str, topic: str, group: str, records: 
             "enable.auto.commit": False,
             "session.timeout.ms": SESSION_MS,
             "heartbeat.interval.ms": HEARTBEAT_MS,
+            **sec,
         }
     )
     consumed: list[Row] = []
@@ -178,17 +181,18 @@ def confluent_kafka_round_trip(bootstrap: str, topic: str, group: str, records: 
     )
 
 
-def kafka_python_round_trip(bootstrap: str, topic: str, group: str, records: Records) -> Trip:
+def kafka_python_round_trip(bootstrap: str, topic: str, group: str, records: Records, security: ClientSecurity = PLAINTEXT) -> Trip:
     from kafka import KafkaConsumer, KafkaProducer
     from kafka import TopicPartition as KTopicPartition
 
-    producer = KafkaProducer(bootstrap_servers=bootstrap, linger_ms=5)
+    sec = security.kafka_python()
+    producer = KafkaProducer(bootstrap_servers=bootstrap, linger_ms=5, **sec)
     futures = [producer.send(topic, key=k, value=v) for k, v in records]
     producer.flush(60)
     for f in futures:
         f.get(timeout=30)
     producer.close()
-    consumer = KafkaConsumer(topic, bootstrap_servers=bootstrap, **_member(group))
+    consumer = KafkaConsumer(topic, bootstrap_servers=bootstrap, **_member(group), **sec)
     consumed: list[Row] = []
     try:
         deadline = time.monotonic() + DEADLINE_S
@@ -206,19 +210,20 @@ def kafka_python_round_trip(bootstrap: str, topic: str, group: str, records: Rec
     return Trip(consumed, brokers, partitions, assigned, extra, committed=committed)
 
 
-def aiokafka_round_trip(bootstrap: str, topic: str, group: str, records: Records) -> Trip:
+def aiokafka_round_trip(bootstrap: str, topic: str, group: str, records: Records, security: ClientSecurity = PLAINTEXT) -> Trip:
     from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
     from aiokafka.structs import TopicPartition as ATopicPartition
 
     async def run() -> Trip:
-        producer = AIOKafkaProducer(bootstrap_servers=bootstrap, linger_ms=5)
+        sec = security.aiokafka()
+        producer = AIOKafkaProducer(bootstrap_servers=bootstrap, linger_ms=5, **sec)
         await producer.start()
         try:
             futures = [await producer.send(topic, key=k, value=v) for k, v in records]
             await asyncio.gather(*futures)
         finally:
             await producer.stop()
-        consumer = AIOKafkaConsumer(topic, bootstrap_servers=bootstrap, **_member(group))
+        consumer = AIOKafkaConsumer(topic, bootstrap_servers=bootstrap, **_member(group), **sec)
         await consumer.start()
         consumed: list[Row] = []
         try:
@@ -239,12 +244,13 @@ def aiokafka_round_trip(bootstrap: str, topic: str, group: str, records: Records
     return asyncio.run(run())
 
 
-def kcat_round_trip(kcat: Kcat, bootstrap: str, topic: str, group: str, records: Records) -> Trip:
+def kcat_round_trip(kcat: Kcat, bootstrap: str, topic: str, group: str, records: Records, security: ClientSecurity = PLAINTEXT) -> Trip:
     """``kcat -P``, then one ``kcat -G`` balanced-group member until the end of every partition;
     it commits as it leaves. Its metadata is ``kcat -L``'s."""
-    md = kcat.metadata(bootstrap, topic)
-    kcat.produce(bootstrap, topic, records)
-    consumed = kcat.group_consume(bootstrap, group, topic, session_ms=SESSION_MS, timeout=120)
+    sec = security.kcat()
+    md = kcat.metadata(bootstrap, topic, *sec)
+    kcat.produce(bootstrap, topic, records, *sec)
+    consumed = kcat.group_consume(bootstrap, group, topic, *sec, session_ms=SESSION_MS, timeout=120)
     [t] = md["topics"]
     return Trip(
         consumed.rows,
