@@ -107,7 +107,9 @@ class ClientSession:
         """
         if self._raw_tokens:
             return await self._raw_token(bytes(payload))
-        api_key, _, _ = peek_request(payload)
+        api_key, version, _ = peek_request(payload)
+        if api_key in SASL_VERSIONS and not SASL_VERSIONS[api_key][0] <= version <= SASL_VERSIONS[api_key][1]:
+            raise Refused("unsupported", f"{apis.api_name(api_key)} v{version}, which kfan does not serve")
         if api_key == apis.SASL_HANDSHAKE:
             return self._handshake(payload)
         if api_key == apis.SASL_AUTHENTICATE:

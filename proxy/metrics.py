@@ -49,7 +49,8 @@ BROKER_UP = Gauge("kfan_broker_reachable", "1 if kfan reaches the broker, else 0
 CLIENT_CLOSES = Counter(
     "kfan_client_connections_closed",
     "Client connections kfan closed itself, by reason (malformed, unsupported, idle_timeout, frame_timeout, "
-    "broker_answer, internal_error, max_connections)",
+    "broker_answer, internal_error, max_connections, tls_handshake, tls_on_plaintext, unauthenticated, authentication_failed, "
+    "unsupported_sasl_mechanism, illegal_sasl_state, session_expired)",
     ["reason"],
 )
 AUTHENTICATIONS = Counter(

@@ -24,7 +24,7 @@ from proxy.kafka import apis, errors, schema
 from proxy.kafka.frames import FrameReader
 from proxy.kafka.headers import parse_request_header, response_body_offset
 from proxy.kafka.wire import Malformed
-from tests.fuzz import broker_answers, client_frames, mutate
+from tests.fuzz import broker_answers, client_frames, mutate, sasl
 from tests.fuzz.harness import Broken, Tally, check
 from tests.support.kio_oracle import kio_decode
 
@@ -76,6 +76,15 @@ def test_client_frames_raise_only_malformed_or_unsupported(part: int) -> None:
     tally = Tally()
     client_frames.campaign(SEED, range(part, 16000, 2), tally, hang_seconds=5)
     assert tally.inputs[client_frames.PLANNER] > 8000
+    _assert_clean(tally)
+
+
+def test_sasl_logins_raise_only_what_closes_a_connection() -> None:
+    """A peer's SASL messages, mutated: kfan's server never raises, its client raises only SaslError,
+    a client connection's login state only refuses (closing the connection)."""
+    tally = Tally()
+    sasl.campaign(SEED, range(4000), tally, hang_seconds=5)
+    assert min(tally.inputs[t] for t in (sasl.SERVER, sasl.CLIENT, sasl.SESSION)) > 800
     _assert_clean(tally)
 
 

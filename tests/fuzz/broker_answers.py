@@ -256,7 +256,7 @@ def run_case(rng: random.Random, corpus: list[bytes], tally: Tally, index: int, 
 DECODERS = ("read_api_versions", "read_metadata", "read_coordinator")
 _API = {"read_api_versions": apis.API_VERSIONS, "read_metadata": apis.METADATA, "read_coordinator": apis.FIND_COORDINATOR}
 # Where each decoder lives: kfan's own requests (control), the coordinator cache (coordinators).
-_MODULE = {"read_api_versions": "backends.control", "read_metadata": "backends.control", "read_coordinator": "backends.coordinators"}
+_MODULE = {"read_api_versions": "backends.reads", "read_metadata": "backends.reads", "read_coordinator": "backends.coordinators"}
 
 
 def decoder(name: str) -> Callable[..., Any]:
