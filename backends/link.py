@@ -117,6 +117,7 @@ class Link:
         self._cancel = trio.CancelScope()
         self._authenticate = authenticate
         self._reauthenticate_at = math.inf
+        self._relogin_asked = False
         self._idle: trio.CancelScope | None = None  # the writer waiting for a request
         self.ready = trio.Event()  # connected and logged in, or failed
 
@@ -145,6 +146,7 @@ class Link:
         if self._authenticate is None:
             return
         self._reauthenticate_at = -math.inf
+        self._relogin_asked = True  # a login under way when this came uses the old credentials: do another
         if self._idle is not None:
             self._idle.deadline = -math.inf
 
@@ -217,8 +219,11 @@ class Link:
 
     async def _login(self, stream: trio.abc.Stream) -> None:
         assert self._authenticate is not None
+        self._relogin_asked = False
         with trio.fail_after(self.connect_timeout):
             lifetime = await self._authenticate(partial(self._call, stream))
+        if self._relogin_asked:
+            return  # new credentials came while logging in: log in again before the next request
         self._reauthenticate_at = math.inf if lifetime is None else trio.current_time() + lifetime * REAUTHENTICATE_AT
 
     async def _call(self, stream: trio.abc.Stream, api_key: int, version: int, body: Mapping[str, Any]) -> bytes:

@@ -53,7 +53,7 @@ class Answer:
     """A response kfan writes in its place in the order (``parts`` is the whole payload), then maybe closes."""
 
     api_key: int
-    parts: Parts
+    parts: Parts | None  # None: nothing is written (a failed login over bare tokens just closes, as on a broker)
     close: str | None = None
 
 
@@ -168,7 +168,7 @@ class ClientSession:
         assert self._exchange is not None
         step = self._exchange.step(token)
         if step.done and await self._finish(step) is not None:
-            return Answer(apis.SASL_AUTHENTICATE, [], close="authentication_failed")
+            return Answer(apis.SASL_AUTHENTICATE, None, close="authentication_failed")
         if step.done:
             self._raw_tokens = False
         return Answer(apis.SASL_AUTHENTICATE, [step.reply])

@@ -100,7 +100,9 @@ def test_each_client_logs_in_to_the_brokers_as_itself(tmp_path_factory: pytest.T
 
             # alice, meanwhile, produces over a session kfan ends every 3 s: she re-authenticates, and so do her links.
             before = len([e for e in cluster.front_events("reauthenticated") if e["principal"] == "alice"])
-            flow = Flow(_topic(cluster, 6), k, k, rate=100, security=ClientSecurity(mechanism="PLAIN", username="alice", password="alice-secret"))
+            flow = Flow(
+                _topic(cluster, 6), k, k, rate=100, security=ClientSecurity(mechanism="PLAIN", username="alice", password="alice-secret")
+            )
             flow.start()
             time.sleep(8)
             flow.finish()
@@ -351,3 +353,35 @@ def test_a_kfan_refusing_its_options_says_why_and_exits(cluster: MockCluster) ->
     )  # fmt: skip
     assert done.returncode != 0
     assert "kfan serve: --client-auth mtls needs --tls-client-ca" in done.stderr
+
+
+# --- SaslHandshake v0: bare SASL tokens ------------------------------------------------------------
+
+
+def test_sasl_handshake_v0_logins_take_bare_tokens(cluster: MockCluster, secrets: KfanSecrets) -> None:
+    """Clients older than KIP-152 send the mechanism's tokens in bare frames after SaslHandshake v0;
+    a PLAIN success is an empty frame, a failure a closed connection with nothing written."""
+    from kio.schema.metadata.v1 import MetadataRequest
+    from kio.schema.sasl_handshake.v0 import SaslHandshakeRequest
+
+    from proxy.kafka.frames import frame
+    from tests.support.rawclient import RawClient
+
+    k = start_kfan(cluster.bootstrap, *secrets.sasl_args())
+    try:
+        with RawClient(k.address) as rc:
+            answer = rc.call(SaslHandshakeRequest(mechanism="PLAIN"))
+            assert answer.error_code == 0 and "PLAIN" in answer.mechanisms
+            rc.send_bytes(frame([b"\0alice\0" + secrets.passwords["alice"].encode()]))
+            assert rc.receive() == b"", "PLAIN's success over bare tokens is an empty frame"
+            assert rc.call(MetadataRequest(topics=None)).brokers, "logged in: requests are served"
+        with RawClient(k.address) as rc:
+            assert rc.call(SaslHandshakeRequest(mechanism="PLAIN")).error_code == 0
+            rc.send_bytes(frame([b"\0alice\0wrong"]))
+            assert rc.closed_by_peer(), "a failed bare-token login is closed, nothing answered"
+        with RawClient(k.address) as rc:
+            rc.send(MetadataRequest(topics=None))
+            assert rc.closed_by_peer(), "nothing but ApiVersions and SASL before a login"
+        wait_for("the refusal's log line", lambda: any("before authentication" in line for line in k.log), 5)
+    finally:
+        _stopped(k)
