@@ -9,13 +9,13 @@ kfan's (:meth:`BrokerSecurity.login` takes them).
 
 from __future__ import annotations
 
-import ssl
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import trio
 
 from proxy.security.sasl import Credentials
+from proxy.security.tls import BrokerTLS
 
 from .link import Authenticate
 from .sasl import SaslLogin
@@ -25,7 +25,7 @@ Credentials_ = Callable[[], Credentials]
 
 @dataclass(frozen=True)
 class BrokerSecurity:
-    tls: ssl.SSLContext | None = None
+    tls: BrokerTLS | None = None
     server_name: str | None = None  # checked instead of each broker's advertised host
     credentials: Credentials_ | None = None  # kfan's own SASL identity; None: no SASL
 
@@ -33,7 +33,7 @@ class BrokerSecurity:
         tcp = await trio.open_tcp_stream(host, port)
         if self.tls is None:
             return tcp
-        stream = trio.SSLStream(tcp, self.tls, server_hostname=self.server_name or host)
+        stream = trio.SSLStream(tcp, self.tls.context(), server_hostname=self.server_name or host)
         try:
             await stream.do_handshake()
         except BaseException:

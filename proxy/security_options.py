@@ -19,7 +19,7 @@ from .security.credentials import configured_credentials
 from .security.files import WatchedFile
 from .security.oauth import TokenValidator, load_jwks
 from .security.sasl import Authenticator
-from .security.tls import ServerTLS, broker_context
+from .security.tls import BrokerTLS, ServerTLS
 from .security.users import Users
 
 log = logging.getLogger("kfan.security")
@@ -64,7 +64,7 @@ def security_from(options: Mapping[str, Any]) -> Security:
 
     broker_tls = None
     if o["broker_tls"]:
-        broker_tls = broker_context(o["broker_tls_ca"], o["broker_tls_cert"], o["broker_tls_key"])
+        broker_tls = BrokerTLS(o["broker_tls_ca"], o["broker_tls_cert"], o["broker_tls_key"])
     elif any(o[k] is not None for k in ("broker_tls_ca", "broker_tls_cert", "broker_tls_key", "broker_tls_server_name")):
         raise ValueError("--broker-tls-ca, --broker-tls-cert, --broker-tls-key and --broker-tls-server-name need --broker-tls")
     if (o["broker_tls_cert"] is None) != (o["broker_tls_key"] is None):
@@ -96,7 +96,9 @@ def _client_auth(o: Mapping[str, Any], carry: bool) -> ClientAuthConfig:
     tokens = None
     if o["client_oauth_jwks"] is not None:
         jwks = WatchedFile(o["client_oauth_jwks"], load_jwks, on_error=_reload_failed)
-        tokens = TokenValidator(jwks.value, issuer=o["client_oauth_issuer"], audience=o["client_oauth_audience"], leeway=o["client_oauth_clock_skew"])
+        tokens = TokenValidator(
+            jwks.value, issuer=o["client_oauth_issuer"], audience=o["client_oauth_audience"], leeway=o["client_oauth_clock_skew"]
+        )
     possible = []
     if users is not None or carry:
         possible.append("PLAIN")
@@ -114,12 +116,16 @@ def _client_auth(o: Mapping[str, Any], carry: bool) -> ClientAuthConfig:
                 "(offer PLAIN or OAUTHBEARER)"
             )
         if missing := [m for m in asked if m not in possible]:
-            raise ValueError(f"--client-sasl-mechanisms {', '.join(missing)}: nothing to check them against (--client-users, --client-oauth-jwks)")
+            raise ValueError(
+                f"--client-sasl-mechanisms {', '.join(missing)}: nothing to check them against (--client-users, --client-oauth-jwks)"
+            )
         mechanisms = tuple(asked)
     if not mechanisms:
         raise ValueError("--client-auth sasl needs --client-users (PLAIN, SCRAM) or --client-oauth-jwks (OAUTHBEARER)")
     if carry:
-        log.info("--broker-identity client: clients may log in with %s only; SCRAM cannot be carried to the brokers", " or ".join(mechanisms))
+        log.info(
+            "--broker-identity client: clients may log in with %s only; SCRAM cannot be carried to the brokers", " or ".join(mechanisms)
+        )
     authenticator = Authenticator(mechanisms, users=users, tokens=tokens, check_users=users is not None)
     return ClientAuthConfig(authenticator, o["client_session_lifetime"], o["client_auth_failure_delay"], carry)
 

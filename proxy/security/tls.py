@@ -1,8 +1,9 @@
 """TLS contexts for kfan's two sides, and what a TLS peer is called.
 
-The client side's certificate and key are files that change under kfan (a
-rotated Kubernetes Secret): :class:`ServerTLS` builds a fresh context when
-they change, for new connections; connections already open keep theirs.
+Certificates, keys and CA bundles are files that change under kfan (a
+rotated Kubernetes Secret): :class:`ServerTLS` (clients) and
+:class:`BrokerTLS` (brokers) build a fresh context when they change, for new
+connections; connections already open keep theirs.
 The broker side checks every broker's certificate against its advertised host
 (or one configured name), always.
 """
@@ -11,7 +12,7 @@ from __future__ import annotations
 
 import logging
 import ssl
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -31,15 +32,12 @@ def _server_context(paths: tuple[Path, Path, Path | None]) -> ssl.SSLContext:
     return ctx
 
 
-class ServerTLS:
-    """The client listener's TLS: ``context()`` is current with the files on disk."""
+class _WatchedContext:
+    """An SSL context current with its files: rebuilt, for new connections, when any of them changes."""
 
-    def __init__(self, cert: Path, key: Path, client_ca: Path | None = None) -> None:
-        self.paths = (cert, key, client_ca)
-        self.requires_client_certificate = client_ca is not None
-        files = [cert, key] + ([client_ca] if client_ca is not None else [])
-        # Each file watched; a change in any one rebuilds the context from all.
-        self._watched = [WatchedFile(p, lambda p: p.read_bytes(), on_error=_reload_failed) for p in files]
+    def __init__(self, files: list[Path | None], build: Callable[[], ssl.SSLContext]) -> None:
+        self._build = build
+        self._watched = [WatchedFile(p, lambda p: p.read_bytes(), on_error=_reload_failed) for p in files if p is not None]
         self._stamps: list[Any] = []
         self._context: ssl.SSLContext | None = None
         self.context()
@@ -48,26 +46,40 @@ class ServerTLS:
         stamps = [w.stamp for w in self._watched]
         if self._context is None or stamps != self._stamps:
             try:
-                context = _server_context(self.paths)
+                context = self._build()
             except (OSError, ssl.SSLError) as e:
                 if self._context is None:
                     raise
-                # A half-written rotation (new cert, old key): keep serving with the last good pair.
-                log.warning("TLS: keeping the previous certificate, the new files do not load: %r", e)
+                # A half-written rotation (new cert, old key): keep the last good pair.
+                log.warning("TLS: keeping the previous certificates, the new files do not load: %r", e)
                 self._stamps = stamps
                 return self._context
             if self._context is not None:
-                log.info("TLS: certificate files changed; new connections get the new certificate")
+                log.info("TLS: certificate files changed; new connections use them")
             self._context, self._stamps = context, stamps
         return self._context
 
 
+class ServerTLS(_WatchedContext):
+    """The client listener's TLS: ``context()`` is current with the files on disk."""
+
+    def __init__(self, cert: Path, key: Path, client_ca: Path | None = None) -> None:
+        self.requires_client_certificate = client_ca is not None
+        super().__init__([cert, key, client_ca], lambda: _server_context((cert, key, client_ca)))
+
+
+class BrokerTLS(_WatchedContext):
+    """kfan as a TLS client of the brokers: their certificates checked against ``ca`` (the system's CAs by default)."""
+
+    def __init__(self, ca: Path | None = None, cert: Path | None = None, key: Path | None = None) -> None:
+        super().__init__([ca, cert, key], lambda: broker_context(ca, cert, key))
+
+
 def _reload_failed(path: Path, e: Exception) -> None:
-    log.warning("TLS: cannot read %s, keeping the previous certificate: %r", path, e)
+    log.warning("TLS: cannot read %s, keeping the previous certificates: %r", path, e)
 
 
 def broker_context(ca: Path | None = None, cert: Path | None = None, key: Path | None = None) -> ssl.SSLContext:
-    """kfan as a TLS client of the brokers: their certificates checked against ``ca`` (the system's CAs by default)."""
     ctx = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cafile=str(ca) if ca is not None else None)
     ctx.minimum_version = ssl.TLSVersion.TLSv1_2
     ctx.check_hostname = True  # never off: a name kfan cannot check is named with --broker-tls-server-name
