@@ -223,6 +223,37 @@ def test_scramp_client_drives_kfan_server(users: Users, mechanism: str) -> None:
 
 
 @pytest.mark.parametrize("mechanism", SCRAM)
+@pytest.mark.parametrize("password", ["alice-secret", "wrong"])
+def test_a_final_message_repeating_the_client_nonce_is_taken_as_kafka_3_took_it(users: Users, mechanism: str, password: str) -> None:
+    """librdkafka before 2.6.1 sends r=<client nonce><server nonce> where the server nonce already
+    starts with the client's (librdkafka#4895); its proof is over that message. kfan accepts it when
+    the proof is right, refuses it when not, and a nonce that does not end with the server's."""
+    client = ScramClient([mechanism], "alice", password)
+    server = Authenticator(list(SCRAM), users=lambda: users).start(mechanism)
+    assert server is not None
+    first_message = client.get_client_first()
+    client_nonce = first_message.split("r=", 1)[1]
+    first = server.step(first_message.encode())
+    client.set_server_first(first.reply.decode())
+    client.nonce = type(client.nonce)(client_nonce + str(client.nonce))  # the old librdkafka's final message
+    final = server.step(client.get_client_final().encode())
+    assert final.done
+    if password == "alice-secret":
+        assert final.error is None and final.principal == "alice"
+        client.set_server_final(final.reply.decode())
+    else:
+        assert final.error is not None and final.principal is None
+
+    other = Authenticator(list(SCRAM), users=lambda: users).start(mechanism)
+    assert other is not None
+    client = ScramClient([mechanism], "alice", "alice-secret")
+    client.set_server_first(other.step(client.get_client_first().encode()).reply.decode())
+    client.nonce = type(client.nonce)(str(client.nonce) + "x")  # ends with something else
+    refused = other.step(client.get_client_final().encode())
+    assert refused.done and refused.error is not None
+
+
+@pytest.mark.parametrize("mechanism", SCRAM)
 def test_kfan_client_against_scramp_server(mechanism: str) -> None:
     server = scram_server_with_password(mechanism, "carol", "carol-secret")
     client = ClientExchange(Credentials(mechanism, "carol", "carol-secret"))

@@ -229,6 +229,7 @@ class _ScramServer(ServerExchange):
                 self._first = False
                 self._server.set_client_first(text)
                 return ServerStep(self._server.get_server_first().encode(), False)
+            self._accept_repeated_client_nonce(text)
             self._server.set_client_final(text)
             return ServerStep(self._server.get_server_final().encode(), True, principal=self._name)
         except ScramException as e:
@@ -238,6 +239,17 @@ class _ScramServer(ServerExchange):
             if e.server_error is ServerError.INVALID_PROOF:
                 return _failed(BAD_CREDENTIALS, reply)
             return _failed(f"{self.mechanism}: {e}", reply)
+
+    def _accept_repeated_client_nonce(self, client_final: str) -> None:
+        """librdkafka before 2.6.1 (still the one Debian and Ubuntu ship) sends the client
+        nonce twice in its final message (confluentinc/librdkafka#4895). Kafka up to 3.9
+        takes a nonce that ends with the server's, and so does kfan: scramp is told the
+        nonce as received and checks the proof over the message as received, so the
+        proof still binds the fresh server nonce."""
+        received = next((a[2:] for a in client_final.split(",") if a.startswith("r=")), None)
+        expected = str(self._server.nonce)
+        if received is not None and received != expected and received.endswith(expected) and len(received) < 4 * len(expected):
+            self._server.nonce = type(self._server.nonce)(received)
 
 
 class _OAuthBearerServer(ServerExchange):

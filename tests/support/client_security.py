@@ -65,7 +65,10 @@ class ClientSecurity:
         if self.mechanism is not None:
             conf["sasl_mechanism"] = self.mechanism
             if self.mechanism == "OAUTHBEARER":
-                from kafka.sasl.oauth import AbstractTokenProvider
+                try:  # kafka-python 3 moved it
+                    from kafka.net.sasl.oauth import AbstractTokenProvider
+                except ImportError:
+                    from kafka.sasl.oauth import AbstractTokenProvider
 
                 token = self.token
                 assert token is not None
