@@ -233,7 +233,9 @@ class Link:
         cid = self._correlations.add(pending)
         spec = schema.request_spec(api_key, version)
         tail = schema.encode_body(spec, {**spec.blank(), **body})
-        await stream.send_all(frame([request_head(api_key, version), _CID.pack(cid), request_header_tail(api_key, version, CLIENT_ID), *tail]))
+        await stream.send_all(
+            frame([request_head(api_key, version), _CID.pack(cid), request_header_tail(api_key, version, CLIENT_ID), *tail])
+        )
         return await pending.wait()
 
     async def _receive(self, stream: trio.abc.Stream) -> None:

@@ -133,7 +133,9 @@ class ClientSession:
             return self._answer(hdr, {"error_code": errors.ILLEGAL_SASL_STATE, "mechanisms": list(enabled)}, close="illegal_sasl_state")
         if self.authenticated and (hdr.api_version < 1 or mechanism != self.mechanism):
             # Re-authentication (KIP-368) keeps the mechanism and speaks SaslAuthenticate.
-            log.warning("%s: re-authentication with %s v%s refused (logged in with %s)", self.client, mechanism, hdr.api_version, self.mechanism)
+            log.warning(
+                "%s: re-authentication with %s v%s refused (logged in with %s)", self.client, mechanism, hdr.api_version, self.mechanism
+            )
             return self._answer(hdr, {"error_code": errors.ILLEGAL_SASL_STATE, "mechanisms": list(enabled)}, close="illegal_sasl_state")
         exchange = self.config.authenticator.start(mechanism)
         if exchange is None:
@@ -226,4 +228,3 @@ class ClientSession:
 def _label(mechanism: str) -> str:
     """A mechanism as a metric label: a client's made-up names must not grow the label set."""
     return mechanism if mechanism in ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512", "OAUTHBEARER") else "other"
-

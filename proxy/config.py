@@ -121,7 +121,9 @@ OPTIONS: tuple[Option, ...] = (
     # --- TLS to clients
     Option("tls-cert", Path, None, "serve TLS to clients with this certificate chain (PEM); re-read when it changes", "FILE"),
     Option("tls-key", Path, None, "the private key of --tls-cert (PEM); re-read when it changes", "FILE"),
-    Option("tls-client-ca", Path, None, "require client certificates signed by this CA (mTLS); the subject is the client's principal", "FILE"),
+    Option(
+        "tls-client-ca", Path, None, "require client certificates signed by this CA (mTLS); the subject is the client's principal", "FILE"
+    ),
     # --- TLS to brokers
     Option("broker-tls", _bool, False, "connect to the brokers over TLS (bootstrap, control plane and every link)", "BOOL"),
     Option("broker-tls-ca", Path, None, "CA bundle the brokers' certificates are checked against (default: the system's CAs)", "FILE"),
@@ -138,7 +140,9 @@ OPTIONS: tuple[Option, ...] = (
     Option("broker-sasl-mechanism", _choice(*SASL_MECHANISMS), None, "authenticate to the brokers with this SASL mechanism", "MECHANISM"),
     Option("broker-sasl-username", str, None, "kfan's SASL user name at the brokers", "NAME"),
     Option("broker-sasl-password-file", Path, None, "file holding kfan's SASL password; re-read when it changes", "FILE"),
-    Option("broker-sasl-password", str, None, "kfan's SASL password (environment or config file only, never a flag)", "PASSWORD", flag=False),
+    Option(
+        "broker-sasl-password", str, None, "kfan's SASL password (environment or config file only, never a flag)", "PASSWORD", flag=False
+    ),
     Option("broker-sasl-token-file", Path, None, "file holding kfan's OAUTHBEARER token; re-read when it changes", "FILE"),
     Option(
         "broker-identity",
@@ -165,7 +169,7 @@ OPTIONS: tuple[Option, ...] = (
         "client-session-lifetime",
         float,
         0.0,
-        "seconds a client's SASL session lasts before it must re-authenticate (KIP-368); 0: no limit but a token's expiry",
+        "seconds a client's SASL login lasts before it must re-authenticate (KIP-368; a token's expiry shortens it); 0: no limit",
         "SECONDS",
     ),
     Option("client-auth-failure-delay", float, 0.1, "seconds before a failed authentication is answered", "SECONDS"),

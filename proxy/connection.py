@@ -582,7 +582,9 @@ async def _tls_handshake(stream: trio.abc.Stream, tls: ServerTLS, peer: str, tim
         cause = e.__cause__ if isinstance(e, trio.BrokenResourceError) and e.__cause__ is not None else e
         text = getattr(cause, "reason", None) or repr(cause)
         hint = ""
-        if text in ("WRONG_VERSION_NUMBER", "HTTP_REQUEST", "UNEXPECTED_EOF_WHILE_READING", "RECORD_LAYER_FAILURE") or isinstance(e, trio.TooSlowError):
+        if text in ("WRONG_VERSION_NUMBER", "HTTP_REQUEST", "UNEXPECTED_EOF_WHILE_READING", "RECORD_LAYER_FAILURE") or isinstance(
+            e, trio.TooSlowError
+        ):
             hint = " (a plaintext client on the TLS listener?)"
         elif "CERTIFICATE" in str(text).upper():
             metrics.AUTHENTICATIONS.labels("mTLS", "failed").inc()

@@ -115,7 +115,12 @@ async def _supervise(options: dict[str, Any], port: int, metrics_dir: str) -> in
             await nursery.start(metrics.serve_http, *options["metrics_listen"], ready)
         with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
             for i in range(n):
-                env = {**worker_environment(os.environ), **worker_secrets(options), "KFAN_WORKER": str(i), "PROMETHEUS_MULTIPROC_DIR": metrics_dir}
+                env = {
+                    **worker_environment(os.environ),
+                    **worker_secrets(options),
+                    "KFAN_WORKER": str(i),
+                    "PROMETHEUS_MULTIPROC_DIR": metrics_dir,
+                }
                 proc = await trio.lowlevel.open_process(worker_argv(options, port), env=env, stdout=subprocess.PIPE)
                 procs.append(proc)
                 nursery.start_soon(pump, proc)

@@ -33,7 +33,9 @@ from kubernetes_validate.utils import latest_version
 
 from proxy.cli import build_parser
 from proxy.config import OPTIONS, resolve
+from tests.support.certs import Authority
 from tests.support.processes import free_port
+from tests.support.secure_cluster import SecureCluster
 
 ROOT = Path(__file__).resolve().parent.parent
 CHART = ROOT / "charts" / "kfan"
@@ -69,7 +71,40 @@ EVERYTHING: dict[str, Any] = {
     "extraEnvFrom": [{"secretRef": {"name": "kfan-extra"}}],
     "extraVolumes": [{"name": "capture", "emptyDir": {"sizeLimit": "1Gi"}}],
     "extraVolumeMounts": [{"name": "capture", "mountPath": "/capture"}],
-    "tls": {"enabled": True, "secretName": "kfan-tls", "mountPath": "/etc/kfan/tls"},
+    "tls": {
+        "enabled": True,
+        "secretName": "kfan-tls",
+        "mountPath": "/etc/kfan/tls",
+        "certFile": "server.pem",
+        "keyFile": "server-key.pem",
+        "clientCA": {"enabled": True, "secretName": "apps-ca", "file": "ca.pem", "mountPath": "/etc/kfan/apps-ca"},
+    },
+    "brokerTls": {
+        "enabled": True,
+        "serverName": "kafka.internal",
+        "ca": {"secretName": "kafka-ca", "file": "ca.crt", "mountPath": "/etc/kfan/kafka-ca"},
+        "clientCert": {"secretName": "kfan-kafka-cert", "certFile": "tls.crt", "keyFile": "tls.key", "mountPath": "/etc/kfan/kafka-cert"},
+    },
+    "brokerSasl": {
+        "mechanism": "SCRAM-SHA-512",
+        "username": "kfan",
+        "password": {"secretName": "kfan-kafka-sasl", "file": "pw", "mountPath": "/etc/kfan/kafka-sasl"},
+        "token": {"secretName": "", "file": "token", "mountPath": "/etc/kfan/kafka-token"},
+        "identity": "kfan",
+    },
+    "clientAuth": {
+        "mode": "sasl",
+        "mechanisms": ["SCRAM-SHA-512", "OAUTHBEARER"],
+        "users": {"secretName": "kfan-users", "file": "users.json", "mountPath": "/etc/kfan/users"},
+        "oauth": {
+            "jwks": {"secretName": "idp-jwks", "file": "jwks.json", "mountPath": "/etc/kfan/jwks"},
+            "issuer": "https://idp.example.com/",
+            "audience": "kafka",
+            "clockSkewSeconds": 10,
+        },
+        "sessionLifetimeSeconds": 3600,
+        "failureDelaySeconds": 0.5,
+    },
     "service": {"type": "LoadBalancer", "port": 19092, "metricsPort": 19100, "annotations": {"a": "b"}},
     "containerPorts": {"kafka": 9192, "metrics": 9300},
     "serviceAccount": {"create": True, "name": "kfan-sa", "annotations": {"a": "b"}},
@@ -234,6 +269,169 @@ def test_tls_secret_is_mounted_read_only_only_when_enabled() -> None:
     assert mount == {"name": "tls", "mountPath": "/certs", "readOnly": True}
 
 
+# The kfan options that name a file, and the Secret volume each is read from in SECURE.
+SECRET_FILES = {
+    "KFAN_TLS_CERT": "tls",
+    "KFAN_TLS_KEY": "tls",
+    "KFAN_TLS_CLIENT_CA": "client-ca",
+    "KFAN_BROKER_TLS_CA": "broker-ca",
+    "KFAN_BROKER_TLS_CERT": "broker-tls",
+    "KFAN_BROKER_TLS_KEY": "broker-tls",
+    "KFAN_BROKER_SASL_PASSWORD_FILE": "broker-sasl-password",
+    "KFAN_BROKER_SASL_TOKEN_FILE": "broker-sasl-token",
+    "KFAN_CLIENT_USERS": "client-users",
+    "KFAN_CLIENT_OAUTH_JWKS": "client-oauth-jwks",
+}
+
+# Every security value on, kfan's defaults for the paths and file names.
+SECURE: dict[str, Any] = BASE | {
+    "tls": {"enabled": True, "secretName": "kfan-tls", "clientCA": {"enabled": True}},
+    "brokerTls": {"enabled": True, "ca": {"secretName": "kafka-ca"}, "clientCert": {"secretName": "kfan-kafka-cert"}},
+    "brokerSasl": {"mechanism": "SCRAM-SHA-512", "username": "kfan", "password": {"secretName": "kfan-kafka-sasl"}},
+    "clientAuth": {"mode": "sasl", "users": {"secretName": "kfan-users"}, "oauth": {"jwks": {"secretName": "idp-jwks"}}},
+}
+
+
+def secret_files(docs: list[dict[str, Any]]) -> dict[str, tuple[str, str]]:
+    """Each file the pod gets from a Secret: path -> (volume name, Secret name), checked to be read-only, whole-volume mounts."""
+    spec = one(docs, "Deployment")["spec"]["template"]["spec"]
+    volumes = {v["name"]: v for v in spec["volumes"]}
+    out = {}
+    for mount in container(docs)["volumeMounts"]:
+        volume = volumes[mount["name"]]
+        if "secret" not in volume:
+            continue
+        assert mount.get("readOnly") is True, mount
+        assert "subPath" not in mount and "subPathExpr" not in mount, "a subPath mount never sees a rotated Secret"
+        secret = volume["secret"]
+        assert secret["defaultMode"] == 0o440, secret
+        for item in secret["items"]:
+            assert item["key"] == item["path"]
+            out[f"{mount['mountPath']}/{item['path']}"] = (volume["name"], secret["secretName"])
+    return out
+
+
+def test_security_files_come_from_read_only_secret_mounts_and_the_configmap_holds_only_paths() -> None:
+    for values, expected in (
+        (
+            SECURE,
+            {
+                "/etc/kfan/tls/tls.crt": ("tls", "kfan-tls"),
+                "/etc/kfan/tls/tls.key": ("tls", "kfan-tls"),
+                "/etc/kfan/client-ca/ca.crt": ("client-ca", "kfan-tls"),  # the CA beside the server certificate, by default
+                "/etc/kfan/broker-ca/ca.crt": ("broker-ca", "kafka-ca"),
+                "/etc/kfan/broker-tls/tls.crt": ("broker-tls", "kfan-kafka-cert"),
+                "/etc/kfan/broker-tls/tls.key": ("broker-tls", "kfan-kafka-cert"),
+                "/etc/kfan/broker-sasl/password": ("broker-sasl-password", "kfan-kafka-sasl"),
+                "/etc/kfan/users/users.json": ("client-users", "kfan-users"),
+                "/etc/kfan/oauth/jwks.json": ("client-oauth-jwks", "idp-jwks"),
+            },
+        ),
+        (
+            BASE | {"brokerTls": {"enabled": True}, "brokerSasl": {"mechanism": "OAUTHBEARER", "token": {"secretName": "kfan-token"}}},
+            {"/etc/kfan/broker-token/token": ("broker-sasl-token", "kfan-token")},
+        ),
+        (EVERYTHING, None),
+    ):
+        docs = render(values)
+        for doc in docs:
+            validate(doc)
+        files = secret_files(docs)
+        if expected is not None:
+            assert files == expected
+        env = kfan_env(docs)
+        # Each file option points at a file mounted from the Secret it belongs to, and every mounted file is used.
+        used = {name: path for name, path in env.items() if name in SECRET_FILES}
+        assert {files[path][0] for path in used.values()} <= set(SECRET_FILES.values())
+        assert all(files[path][0] == SECRET_FILES[name] for name, path in used.items()), used
+        assert set(used.values()) == set(files)
+        # The ConfigMap holds settings and paths, no secret: no password variable, and only the chart's own keys.
+        assert "KFAN_BROKER_SASL_PASSWORD" not in env
+        for configmap in (d for d in docs if d["kind"] == "ConfigMap"):
+            secret_like = {k for k in configmap["data"] if "PASSWORD" in k or "TOKEN" in k}
+            assert secret_like <= {"KFAN_BROKER_SASL_PASSWORD_FILE", "KFAN_BROKER_SASL_TOKEN_FILE"}
+        assert not [c for c in container(docs).get("env", []) if "valueFrom" in c], "secrets arrive as files, not variables"
+        # kfan's own parser takes the values.
+        env.pop("KFAN_CONFIG", None)  # tested above; its file is not here
+        options = resolve(vars(build_parser().parse_args(container(docs)["args"])), env)
+        assert options["broker_tls"] is True
+    # Without security values nothing is mounted or set.
+    assert secret_files(render(BASE)) == {}
+    assert not set(kfan_env(render(BASE))) & set(SECRET_FILES)
+
+
+@pytest.mark.parametrize(
+    ("values", "complaint"),
+    [
+        ({"tls": {"clientCA": {"enabled": True}}}, "tls.clientCA.enabled needs tls.enabled"),
+        (
+            {"brokerTls": {"ca": {"secretName": "kafka-ca"}}},
+            "brokerTls.ca, brokerTls.clientCert and brokerTls.serverName need brokerTls.enabled",
+        ),
+        ({"brokerSasl": {"username": "kfan"}}, "brokerSasl.username, brokerSasl.password and brokerSasl.token need brokerSasl.mechanism"),
+        (
+            {"brokerSasl": {"mechanism": "OAUTHBEARER", "token": {"secretName": "t"}, "password": {"secretName": "p"}}},
+            "brokerSasl.password is for PLAIN and SCRAM",
+        ),
+        (
+            {"brokerSasl": {"mechanism": "PLAIN", "username": "kfan", "password": {"secretName": "p"}, "token": {"secretName": "t"}}},
+            "brokerSasl.token is for OAUTHBEARER",
+        ),
+        ({"clientAuth": {"mode": "mtls"}}, "clientAuth.mode mtls needs tls.enabled and tls.clientCA.enabled"),
+        ({"clientAuth": {"mode": "sasl"}}, "clientAuth.mode sasl needs clientAuth.users (PLAIN, SCRAM) or clientAuth.oauth.jwks"),
+        (
+            {"clientAuth": {"users": {"secretName": "u"}}},
+            "clientAuth.users, clientAuth.oauth.jwks and clientAuth.mechanisms need clientAuth.mode sasl",
+        ),
+        (
+            {"clientAuth": {"mode": "sasl", "users": {"secretName": "u"}, "mechanisms": ["OAUTHBEARER"]}},
+            "clientAuth.mechanisms: OAUTHBEARER needs clientAuth.oauth.jwks",
+        ),
+        (
+            {"clientAuth": {"mode": "sasl", "users": {"secretName": "u"}, "oauth": {"issuer": "x"}}},
+            "issuer and clientAuth.oauth.audience need",
+        ),
+        ({"brokerSasl": {"identity": "client"}}, "brokerSasl.identity client needs clientAuth.mode sasl"),
+        ({"brokerSasl": {"identity": "client"}, "clientAuth": {"mode": "sasl"}}, "brokerSasl.identity client needs brokerSasl.mechanism"),
+        (
+            {
+                "brokerSasl": {"identity": "client", "mechanism": "PLAIN", "username": "kfan", "password": {"secretName": "p"}},
+                "clientAuth": {"mode": "sasl", "users": {"secretName": "u"}, "mechanisms": ["PLAIN", "SCRAM-SHA-512"]},
+            },
+            "SCRAM-SHA-512 cannot be offered with brokerSasl.identity client",
+        ),
+        (
+            {
+                "tls": {"enabled": True, "secretName": "t"},
+                "brokerTls": {"enabled": True, "ca": {"secretName": "c", "mountPath": "/etc/kfan/tls"}},
+            },
+            "the Secrets of tls and broker-ca are both mounted at /etc/kfan/tls",
+        ),
+    ],
+)
+def test_security_values_that_do_not_fit_together_are_refused(values: dict[str, Any], complaint: str) -> None:
+    with pytest.raises(helm.HelmRenderError) as caught:
+        render(BASE | values)
+    assert complaint in str(caught.value)
+
+
+def test_broker_identity_client_offers_only_replayable_mechanisms() -> None:
+    values = BASE | {
+        "brokerSasl": {"identity": "client", "mechanism": "PLAIN", "username": "kfan", "password": {"secretName": "p"}},
+        "clientAuth": {"mode": "sasl"},
+    }
+    env = kfan_env(render(values))
+    assert (env["KFAN_BROKER_IDENTITY"], env["KFAN_CLIENT_AUTH"]) == ("client", "sasl")
+    assert "KFAN_CLIENT_USERS" not in env  # the brokers check PLAIN passwords
+    text = notes(values)
+    assert "security.protocol=SASL_PLAINTEXT" in text and "sasl.mechanisms one of PLAIN." in text
+    assert "WARNING: clientAuth.mode is sasl but tls is not enabled" in text
+    text = notes(SECURE)
+    assert "security.protocol=SASL_SSL" in text and "PLAIN, SCRAM-SHA-256, SCRAM-SHA-512, OAUTHBEARER" in text
+    assert "SASL SCRAM-SHA-512 as User:kfan over TLS" in text and "WARNING" not in text
+    assert "security.protocol=PLAINTEXT." in notes(BASE)
+
+
 @pytest.mark.parametrize(
     ("values", "complaint"),
     [
@@ -245,6 +443,39 @@ def test_tls_secret_is_mounted_read_only_only_when_enabled() -> None:
         ({"kafka": {"bootstrap": "a:9092"}, "logLevel": "TRACE"}, "at '/logLevel'"),
         ({"kafka": {"bootstrap": "a:9092"}, "replicas": 3}, "additional properties 'replicas' not allowed"),
         ({"kafka": {"bootstrap": "a:9092"}, "tls": {"enabled": True}}, "at '/tls/secretName'"),
+        (
+            {"kafka": {"bootstrap": "a:9092"}, "clientAuth": {"mode": "ldap"}},
+            "at '/clientAuth/mode': value must be one of 'none', 'mtls', 'sasl'",
+        ),
+        (
+            {"kafka": {"bootstrap": "a:9092"}, "clientAuth": {"mechanisms": ["GSSAPI"]}},
+            "at '/clientAuth/mechanisms/0': value must be one of",
+        ),
+        ({"kafka": {"bootstrap": "a:9092"}, "clientAuth": {"mechanisms": ["PLAIN", "PLAIN"]}}, "at '/clientAuth/mechanisms'"),
+        (
+            {"kafka": {"bootstrap": "a:9092"}, "clientAuth": {"sessionLifetimeSeconds": -1}},
+            "at '/clientAuth/sessionLifetimeSeconds': minimum",
+        ),
+        ({"kafka": {"bootstrap": "a:9092"}, "brokerSasl": {"mechanism": "GSSAPI"}}, "at '/brokerSasl/mechanism'"),
+        (
+            {"kafka": {"bootstrap": "a:9092"}, "brokerSasl": {"identity": "user"}},
+            "at '/brokerSasl/identity': value must be one of 'kfan', 'client'",
+        ),
+        ({"kafka": {"bootstrap": "a:9092"}, "brokerSasl": {"mechanism": "SCRAM-SHA-512"}}, "at '/brokerSasl/username': minLength"),
+        (
+            {"kafka": {"bootstrap": "a:9092"}, "brokerSasl": {"mechanism": "PLAIN", "username": "kfan"}},
+            "at '/brokerSasl/password/secretName': minLength",
+        ),
+        ({"kafka": {"bootstrap": "a:9092"}, "brokerSasl": {"mechanism": "OAUTHBEARER"}}, "at '/brokerSasl/token/secretName': minLength"),
+        # A password is a Secret's name and key, never the password itself.
+        ({"kafka": {"bootstrap": "a:9092"}, "brokerSasl": {"password": "hunter2"}}, "at '/brokerSasl/password': got string, want object"),
+        (
+            {"kafka": {"bootstrap": "a:9092"}, "brokerSasl": {"passwordValue": "hunter2"}},
+            "additional properties 'passwordValue' not allowed",
+        ),
+        ({"kafka": {"bootstrap": "a:9092"}, "tls": {"certFile": "../tls.crt"}}, "at '/tls/certFile'"),
+        ({"kafka": {"bootstrap": "a:9092"}, "brokerTls": {"ca": {"mountPath": "etc/ca"}}}, "at '/brokerTls/ca/mountPath'"),
+        ({"kafka": {"bootstrap": "a:9092"}, "clientAuth": {"users": {"secretName": "Users_File"}}}, "at '/clientAuth/users/secretName'"),
     ],
 )
 def test_schema_rejects_bad_values(values: dict[str, Any], complaint: str) -> None:
@@ -292,6 +523,39 @@ def test_every_kfan_variable_and_flag_is_a_real_kfan_option(tmp_path: Path) -> N
     assert (options["node_id"], options["workers"], options["log_level"], options["log_json"]) == (7, 2, "DEBUG", True)
     assert (options["shutdown_timeout"], options["max_inflight"], options["max_frame_bytes"]) == (12.5, 512, 52428800)
     assert str(options["capture"]) == "/capture"
+    assert {k: str(options[k]) for k in ("tls_cert", "tls_key", "tls_client_ca", "client_users", "client_oauth_jwks")} == {
+        "tls_cert": "/etc/kfan/tls/server.pem",
+        "tls_key": "/etc/kfan/tls/server-key.pem",
+        "tls_client_ca": "/etc/kfan/apps-ca/ca.pem",
+        "client_users": "/etc/kfan/users/users.json",
+        "client_oauth_jwks": "/etc/kfan/jwks/jwks.json",
+    }
+    assert (options["broker_tls"], options["broker_tls_server_name"], str(options["broker_tls_ca"])) == (
+        True,
+        "kafka.internal",
+        "/etc/kfan/kafka-ca/ca.crt",
+    )
+    assert (str(options["broker_tls_cert"]), str(options["broker_tls_key"])) == (
+        "/etc/kfan/kafka-cert/tls.crt",
+        "/etc/kfan/kafka-cert/tls.key",
+    )
+    assert (options["broker_sasl_mechanism"], options["broker_sasl_username"], str(options["broker_sasl_password_file"])) == (
+        "SCRAM-SHA-512",
+        "kfan",
+        "/etc/kfan/kafka-sasl/pw",
+    )
+    assert options["broker_sasl_password"] is None and options["broker_sasl_token_file"] is None
+    assert (options["broker_identity"], options["client_auth"], options["client_sasl_mechanisms"]) == (
+        "kfan",
+        "sasl",
+        ("SCRAM-SHA-512", "OAUTHBEARER"),
+    )
+    assert (options["client_oauth_issuer"], options["client_oauth_audience"], options["client_oauth_clock_skew"]) == (
+        "https://idp.example.com/",
+        "kafka",
+        10,
+    )
+    assert (options["client_session_lifetime"], options["client_auth_failure_delay"]) == (3600, 0.5)
 
 
 def test_extra_env_takes_kfan_options_the_chart_does_not_set_and_nothing_else() -> None:
@@ -312,6 +576,15 @@ def test_extra_env_takes_kfan_options_the_chart_does_not_set_and_nothing_else() 
         render(BASE | {"extraEnv": {"KFAN_BOOTSTRAP_SERVERS": "a:9092"}})
     with pytest.raises(helm.HelmRenderError, match='configFile: "metrics-listen" is set by the chart'):
         render(BASE | {"configFile": 'max-inflight = 5\nmetrics-listen = "0.0.0.0:1"\n'})
+    # Every security option comes from the chart's values and Secrets: a password never lands in a ConfigMap.
+    assert {o.env for o in OPTIONS if o.name.startswith(("tls-", "broker-", "client-"))} <= owned
+    with pytest.raises(
+        helm.HelmRenderError, match="extraEnv.KFAN_BROKER_SASL_PASSWORD: the chart sets .* a password never goes into the ConfigMap"
+    ):
+        render(BASE | {"extraEnv": {"KFAN_BROKER_SASL_PASSWORD": "hunter2"}})
+    for line in ('broker-sasl-password = "hunter2"', '  "broker_sasl_password"="hunter2"', "client-auth = 'sasl'"):
+        with pytest.raises(helm.HelmRenderError, match=r'configFile: "(broker[-_]sasl[-_]password|client-auth)" is set by the chart'):
+            render(BASE | {"configFile": f"max-inflight = 5\n{line}\n"})
 
 
 def test_pdb_hpa_and_servicemonitor_render_only_when_enabled_and_validate() -> None:
@@ -518,3 +791,154 @@ def test_rendered_configuration_runs_a_real_kfan(cluster: Any, workers: int) -> 
         if process.poll() is None:
             process.kill()
             process.communicate()
+
+
+def _kubelet(docs: list[dict[str, Any]], secrets: dict[str, dict[str, bytes]]) -> None:
+    """Write each Secret volume's files where the pod would see them, as the kubelet does."""
+    spec = one(docs, "Deployment")["spec"]["template"]["spec"]
+    mounts = {m["name"]: m for m in container(docs)["volumeMounts"]}
+    for volume in spec["volumes"]:
+        if "secret" not in volume:
+            continue
+        directory = Path(mounts[volume["name"]]["mountPath"])
+        directory.mkdir(parents=True, exist_ok=True)
+        for item in volume["secret"]["items"]:
+            path = directory / item["path"]
+            path.write_bytes(secrets[volume["secret"]["secretName"]][item["key"]])
+            path.chmod(volume["secret"]["defaultMode"])
+
+
+def test_rendered_security_configuration_runs_kfan_against_a_tls_sasl_cluster(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """TLS and SASL on both sides, from the chart's values and Secrets: kfan gets ready, and a
+    SASL_SSL client with a certificate (mTLS) produces and consumes through it."""
+    from confluent_kafka import Consumer, Producer, TopicPartition
+
+    work = tmp_path_factory.mktemp("chart-secure")
+    pod = work / "pod"  # the mount paths of the pod, here
+    with SecureCluster(work / "cluster", mtls=True, client_cn="kfan") as sc:
+        kafka_port, metrics_port = free_port(), free_port()
+        values = BASE | {
+            "kafka": {"bootstrap": sc.bootstrap},
+            "containerPorts": {"kafka": kafka_port, "metrics": metrics_port},
+            "advertise": f"localhost:{kafka_port}",
+            "shutdownTimeoutSeconds": 5,
+            "tls": {
+                "enabled": True,
+                "secretName": "kfan-tls",
+                "mountPath": str(pod / "tls"),
+                "clientCA": {"enabled": True, "secretName": "apps-ca", "mountPath": str(pod / "client-ca")},
+            },
+            "brokerTls": {
+                "enabled": True,
+                "ca": {"secretName": "kafka-ca", "mountPath": str(pod / "broker-ca")},
+                "clientCert": {"secretName": "kfan-kafka-cert", "mountPath": str(pod / "broker-tls")},
+            },
+            "brokerSasl": {
+                "mechanism": "SCRAM-SHA-512",
+                "username": "kfan",
+                "password": {"secretName": "kfan-kafka-sasl", "mountPath": str(pod / "broker-sasl")},
+            },
+            "clientAuth": {
+                "mode": "sasl",
+                "mechanisms": ["SCRAM-SHA-512"],
+                "users": {"secretName": "kfan-users", "mountPath": str(pod / "users")},
+            },
+        }
+        docs = render(values)
+
+        # The Secrets an operator would create: kfan's server certificate, the CA of the applications'
+        # client certificates, the brokers' CA, kfan's broker client certificate, its password, the users file.
+        certs = work / "certs"
+        server = Authority("kfan").server(certs, "localhost", "127.0.0.1")
+        apps = Authority("apps")
+        app = apps.client(certs, "orders-app")
+        users = work / "users.json"
+        added = subprocess.run(
+            [sys.executable, "-m", "proxy", "users", "add", "alice", "--mechanism", "SCRAM-SHA-512", "--client-users", str(users)],
+            cwd=ROOT,
+            input="alice-password\n",
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert added.returncode == 0, added.stderr
+        secrets = {
+            "kfan-tls": {"tls.crt": server.cert.read_bytes(), "tls.key": server.key.read_bytes(), "ca.crt": server.ca.read_bytes()},
+            "apps-ca": {"ca.crt": app.ca.read_bytes()},
+            "kafka-ca": {"ca.crt": sc.ca_file.read_bytes()},
+            "kfan-kafka-cert": {"tls.crt": sc.client_cert_file.read_bytes(), "tls.key": sc.client_key_file.read_bytes()},
+            "kfan-kafka-sasl": {"password": (sc.users["kfan"] + "\n").encode()},  # as `kubectl create secret --from-file` keeps it
+            "kfan-users": {"users.json": users.read_bytes()},
+        }
+        rendered = "\n".join(yaml.safe_dump(d) for d in docs)
+        for secret in secrets.values():
+            for content in secret.values():
+                assert content.strip().decode() not in rendered
+        assert sc.users["kfan"] not in rendered
+        _kubelet(docs, secrets)
+
+        c = container(docs)
+        env = {k: v for k, v in os.environ.items() if not k.startswith("KFAN_")} | kfan_env(docs)
+        process = subprocess.Popen(
+            [sys.executable, "-m", "proxy", *c["args"]], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        )
+        try:
+            metrics = f"http://127.0.0.1:{metrics_port}"
+            deadline = time.monotonic() + 30
+            while _get(metrics + c["readinessProbe"]["httpGet"]["path"]) != 200:
+                assert process.poll() is None, process.communicate()[0]
+                assert time.monotonic() < deadline, "kfan never became ready"
+                time.sleep(0.2)
+
+            topic = f"chart-secure-{int(time.time() * 1000) % 100000}"
+            sc.mock.create_topic(topic, 6)
+            conf = {
+                "bootstrap.servers": f"localhost:{kafka_port}",
+                "security.protocol": "SASL_SSL",
+                "ssl.ca.location": str(server.ca),
+                "ssl.certificate.location": str(app.cert),
+                "ssl.key.location": str(app.key),
+                "sasl.mechanisms": "SCRAM-SHA-512",
+                "sasl.username": "alice",
+                "sasl.password": "alice-password",
+            }
+            errors: list[Any] = []
+            producer = Producer({**conf, "linger.ms": 5, "error_cb": errors.append})
+            values_sent = [f"secure-{i}".encode() for i in range(30)]
+            for i, value in enumerate(values_sent):
+                producer.produce(topic, value=value, key=str(i).encode(), on_delivery=lambda err, _msg: err and errors.append(err))
+            assert producer.flush(15) == 0 and errors == [], errors
+            consumer = Consumer({**conf, "group.id": f"g-{topic}", "enable.auto.commit": False, "fetch.wait.max.ms": 100})
+            try:
+                consumer.assign([TopicPartition(topic, p, 0) for p in range(6)])
+                got: list[bytes] = []
+                deadline = time.monotonic() + 15
+                while len(got) < len(values_sent) and time.monotonic() < deadline:
+                    msg = consumer.poll(0.2)
+                    if msg is not None:
+                        assert msg.error() is None, msg.error()
+                        got.append(msg.value())
+            finally:
+                consumer.close()
+            assert sorted(got) == sorted(values_sent)
+
+            # kfan logged in to every broker as itself, over mTLS; and it authenticated the application.
+            logins = {(e["principal"], e["mechanism"], e["broker"]) for e in sc.front_events("authenticated")}
+            assert logins == {("kfan", "SCRAM-SHA-512", b) for b in sc.brokers}, logins
+            assert "CN=kfan" in sc.stunnel_output()
+            with urllib.request.urlopen(metrics + "/metrics", timeout=5) as answer:
+                scraped = answer.read().decode()
+            assert re.search(r'^kfan_authentications_total\{mechanism="SCRAM-SHA-512",result="ok"\} [1-9]', scraped, re.M), scraped
+            assert re.search(r'^kfan_authentications_total\{mechanism="mTLS",result="ok"\} [1-9]', scraped, re.M)
+            assert not re.search(r'^kfan_broker_authentications_total\{.*result="failed"\}', scraped, re.M)
+        finally:
+            if process.poll() is None:
+                process.send_signal(signal.SIGTERM)
+            try:
+                output = process.communicate(timeout=15)[0]
+            except subprocess.TimeoutExpired:
+                process.kill()
+                output = process.communicate()[0]
+        assert "authenticated as User:alice (SCRAM-SHA-512)" in output
+        assert "TLS client certificate of CN=orders-app" in output
+        assert "security: brokers: TLS, SASL SCRAM-SHA-512 as kfan" in output

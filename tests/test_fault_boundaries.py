@@ -24,8 +24,8 @@ import pytest
 import trio
 
 from backends.cluster import Cluster
-from backends.reads import read_api_versions, read_metadata
 from backends.coordinators import CoordinatorError, read_coordinator
+from backends.reads import read_api_versions, read_metadata
 from proxy.core import (
     ANY_BROKER,
     ROUTES,

@@ -138,8 +138,9 @@ def test_configuration_precedence_flag_env_file_default(tmp_path: Path) -> None:
 
 def test_readme_configuration_table_lists_every_option() -> None:
     readme = (ROOT / "README.md").read_text()
-    rows = re.findall(r"^\| `--([a-z-]+)` \| `(KFAN_[A-Z_]+)` \|", readme, re.M)
-    assert rows == [(o.name, o.env) for o in config.OPTIONS]
+    # `--name` for an option with a flag; `name` (no flag) for one taken from the environment or file only.
+    rows = re.findall(r"^\| `(--)?([a-z-]+)`( \(no flag\))? \| `(KFAN_[A-Z_]+)` \|", readme, re.M)
+    assert rows == [("--", o.name, "", o.env) if o.flag else ("", o.name, " (no flag)", o.env) for o in config.OPTIONS]
 
 
 def _owners_of_established(port: int, pids: list[int]) -> dict[int, int]:

@@ -63,7 +63,9 @@ def main(argv: list[str] | None = None) -> int:
     for target, n in (("client", cases), ("answers", answers), ("sasl", logins)):
         if n > 0:
             work.extend((target, args.seed, j, n, jobs, args.seconds, args.hang) for j in range(jobs))
-    counts = f"{cases} client cases, {answers} answer cases, {logins} SASL cases" if args.cases is not None or args.seconds is None else "cases"
+    counts = (
+        f"{cases} client cases, {answers} answer cases, {logins} SASL cases" if args.cases is not None or args.seconds is None else "cases"
+    )
     limit = f" (at most {args.seconds} s per target)" if args.seconds is not None else ""
     print(
         f"fuzz campaign: seed {args.seed!r}, {counts}{limit}, {jobs} processes, slow > {SLOW_SECONDS} s, watchdog {args.hang} s", flush=True

@@ -78,7 +78,13 @@ class Flow:
     """
 
     def __init__(
-        self, topic: str, produce_via: Kfan, consume_via: Kfan, rate: int = 600, group: str | None = None, security: ClientSecurity = PLAINTEXT
+        self,
+        topic: str,
+        produce_via: Kfan,
+        consume_via: Kfan,
+        rate: int = 600,
+        group: str | None = None,
+        security: ClientSecurity = PLAINTEXT,
     ) -> None:
         self.topic = topic
         self.reports = Reports()

@@ -112,10 +112,151 @@ An explicit terminationGracePeriodSeconds below that is refused.
 {{- end }}
 
 {{/*
+"MOUNTPATH/FILE": where a file of a mounted Secret appears. Takes (list mountPath file).
+*/}}
+{{- define "kfan.path" -}}
+{{- printf "%s/%s" (trimSuffix "/" (index . 0)) (index . 1) -}}
+{{- end }}
+
+{{/*
+Every Secret the kfan container mounts, as a YAML list of {name, secretName,
+mountPath, files}: one volume per Secret, read-only, projecting only the keys
+kfan reads (each key is also its file name). Nothing secret ever goes through
+the ConfigMap: it holds the paths below, never their contents. The volumes
+are mounted whole (no subPath), so the kubelet's updates of a rotated Secret
+reach kfan, which re-reads the files.
+*/}}
+{{- define "kfan.secretVolumes" -}}
+{{- include "kfan.checkSecurity" . -}}
+{{- $v := list -}}
+{{- $tls := .Values.tls -}}
+{{- if $tls.enabled -}}
+{{- $v = append $v (dict "name" "tls" "secretName" $tls.secretName "mountPath" $tls.mountPath "files" (list $tls.certFile $tls.keyFile)) -}}
+{{- if $tls.clientCA.enabled -}}
+{{- $v = append $v (dict "name" "client-ca" "secretName" (default $tls.secretName $tls.clientCA.secretName) "mountPath" $tls.clientCA.mountPath "files" (list $tls.clientCA.file)) -}}
+{{- end -}}
+{{- end -}}
+{{- $btls := .Values.brokerTls -}}
+{{- if $btls.enabled -}}
+{{- with $btls.ca -}}
+{{- if .secretName -}}
+{{- $v = append $v (dict "name" "broker-ca" "secretName" .secretName "mountPath" .mountPath "files" (list .file)) -}}
+{{- end -}}
+{{- end -}}
+{{- with $btls.clientCert -}}
+{{- if .secretName -}}
+{{- $v = append $v (dict "name" "broker-tls" "secretName" .secretName "mountPath" .mountPath "files" (list .certFile .keyFile)) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- $sasl := .Values.brokerSasl -}}
+{{- if eq $sasl.mechanism "OAUTHBEARER" -}}
+{{- $v = append $v (dict "name" "broker-sasl-token" "secretName" $sasl.token.secretName "mountPath" $sasl.token.mountPath "files" (list $sasl.token.file)) -}}
+{{- else if $sasl.mechanism -}}
+{{- $v = append $v (dict "name" "broker-sasl-password" "secretName" $sasl.password.secretName "mountPath" $sasl.password.mountPath "files" (list $sasl.password.file)) -}}
+{{- end -}}
+{{- $auth := .Values.clientAuth -}}
+{{- if eq $auth.mode "sasl" -}}
+{{- with $auth.users -}}
+{{- if .secretName -}}
+{{- $v = append $v (dict "name" "client-users" "secretName" .secretName "mountPath" .mountPath "files" (list .file)) -}}
+{{- end -}}
+{{- end -}}
+{{- with $auth.oauth.jwks -}}
+{{- if .secretName -}}
+{{- $v = append $v (dict "name" "client-oauth-jwks" "secretName" .secretName "mountPath" .mountPath "files" (list .file)) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- $paths := dict -}}
+{{- range $v -}}
+{{- if hasKey $paths .mountPath -}}
+{{- fail (printf "the Secrets of %s and %s are both mounted at %s; give them different mountPath values" (get $paths .mountPath) .name .mountPath) -}}
+{{- end -}}
+{{- $_ := set $paths .mountPath .name -}}
+{{- end -}}
+{{- toYaml $v -}}
+{{- end }}
+
+{{/*
+Security values that do not fit together are refused here, with the value
+names, before kfan would refuse them at start-up (proxy/security_options.py).
+Per-value checks (enums, a secretName where one is needed) are in
+values.schema.json.
+*/}}
+{{- define "kfan.checkSecurity" -}}
+{{- $tls := .Values.tls -}}
+{{- $btls := .Values.brokerTls -}}
+{{- $sasl := .Values.brokerSasl -}}
+{{- $auth := .Values.clientAuth -}}
+{{- if and $tls.clientCA.enabled (not $tls.enabled) -}}
+{{- fail "tls.clientCA.enabled needs tls.enabled: client certificates come with TLS" -}}
+{{- end -}}
+{{- if and (not $btls.enabled) (or $btls.serverName $btls.ca.secretName $btls.clientCert.secretName) -}}
+{{- fail "brokerTls.ca, brokerTls.clientCert and brokerTls.serverName need brokerTls.enabled" -}}
+{{- end -}}
+{{- if not $sasl.mechanism -}}
+{{- if or $sasl.username $sasl.password.secretName $sasl.token.secretName -}}
+{{- fail "brokerSasl.username, brokerSasl.password and brokerSasl.token need brokerSasl.mechanism" -}}
+{{- end -}}
+{{- else if eq $sasl.mechanism "OAUTHBEARER" -}}
+{{- if $sasl.password.secretName -}}
+{{- fail "brokerSasl.password is for PLAIN and SCRAM; OAUTHBEARER logs in with brokerSasl.token" -}}
+{{- end -}}
+{{- else if $sasl.token.secretName -}}
+{{- fail (printf "brokerSasl.token is for OAUTHBEARER; %s logs in with brokerSasl.username and brokerSasl.password" $sasl.mechanism) -}}
+{{- end -}}
+{{- if eq $auth.mode "mtls" -}}
+{{- if not $tls.clientCA.enabled -}}
+{{- fail "clientAuth.mode mtls needs tls.enabled and tls.clientCA.enabled: kfan checks client certificates against that CA" -}}
+{{- end -}}
+{{- end -}}
+{{- if ne $auth.mode "sasl" -}}
+{{- if or $auth.users.secretName $auth.oauth.jwks.secretName $auth.mechanisms -}}
+{{- fail "clientAuth.users, clientAuth.oauth.jwks and clientAuth.mechanisms need clientAuth.mode sasl" -}}
+{{- end -}}
+{{- end -}}
+{{- if and (or $auth.oauth.issuer $auth.oauth.audience) (not $auth.oauth.jwks.secretName) -}}
+{{- fail "clientAuth.oauth.issuer and clientAuth.oauth.audience need clientAuth.oauth.jwks: kfan checks tokens against its keys" -}}
+{{- end -}}
+{{- $carry := eq $sasl.identity "client" -}}
+{{- if $carry -}}
+{{- if ne $auth.mode "sasl" -}}
+{{- fail "brokerSasl.identity client needs clientAuth.mode sasl: kfan carries the credentials a client logs in with" -}}
+{{- end -}}
+{{- if not $sasl.mechanism -}}
+{{- fail "brokerSasl.identity client needs brokerSasl.mechanism too: kfan's own requests (metadata) log in as kfan" -}}
+{{- end -}}
+{{- range $auth.mechanisms -}}
+{{- if hasPrefix "SCRAM-" . -}}
+{{- fail (printf "clientAuth.mechanisms: %s cannot be offered with brokerSasl.identity client, SCRAM credentials cannot be replayed to the brokers (offer PLAIN or OAUTHBEARER)" .) -}}
+{{- end -}}
+{{- end -}}
+{{- else if and (eq $auth.mode "sasl") (not $auth.users.secretName) (not $auth.oauth.jwks.secretName) -}}
+{{- fail "clientAuth.mode sasl needs clientAuth.users (PLAIN, SCRAM) or clientAuth.oauth.jwks (OAUTHBEARER)" -}}
+{{- end -}}
+{{- if eq $auth.mode "sasl" -}}
+{{- range $auth.mechanisms -}}
+{{- if and (eq . "OAUTHBEARER") (not $auth.oauth.jwks.secretName) -}}
+{{- fail "clientAuth.mechanisms: OAUTHBEARER needs clientAuth.oauth.jwks" -}}
+{{- else if and (hasPrefix "SCRAM-" .) (not $auth.users.secretName) -}}
+{{- fail (printf "clientAuth.mechanisms: %s needs clientAuth.users" .) -}}
+{{- else if and (eq . "PLAIN") (not $auth.users.secretName) (not $carry) -}}
+{{- fail "clientAuth.mechanisms: PLAIN needs clientAuth.users (or brokerSasl.identity client, where the brokers check the password)" -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- end }}
+
+{{/*
 kfan's environment, as a YAML map: every name is an option of `kfan serve`
 (proxy/config.py OPTIONS, KFAN_<FLAG>) or KFAN_CONFIG (the config file).
 The chart sets the first group ($owned) from its values; extraEnv may add the
-second group and any non-KFAN_ name, nothing else. The two listen addresses
+second group and any non-KFAN_ name, nothing else. Every security option is
+in the first group whether it is used or not: those come from the values and
+their Secrets, and a password set through extraEnv or configFile would sit in
+a ConfigMap. Only paths into the Secrets' mounts go into this map, never
+their contents. The two listen addresses
 are flags in the container's args, not environment: `kfan serve --workers N`
 starts its workers with the parent's environment, and a worker that inherits
 KFAN_METRICS_LISTEN binds the parent's metrics port and dies.
@@ -132,6 +273,29 @@ KFAN_METRICS_LISTEN binds the parent's metrics port and dies.
   "KFAN_LOG_LEVEL" "logLevel"
   "KFAN_LOG_JSON" "logJson"
   "KFAN_CONFIG" "configFile"
+  "KFAN_TLS_CERT" "tls"
+  "KFAN_TLS_KEY" "tls"
+  "KFAN_TLS_CLIENT_CA" "tls.clientCA"
+  "KFAN_BROKER_TLS" "brokerTls.enabled"
+  "KFAN_BROKER_TLS_CA" "brokerTls.ca"
+  "KFAN_BROKER_TLS_CERT" "brokerTls.clientCert"
+  "KFAN_BROKER_TLS_KEY" "brokerTls.clientCert"
+  "KFAN_BROKER_TLS_SERVER_NAME" "brokerTls.serverName"
+  "KFAN_BROKER_SASL_MECHANISM" "brokerSasl.mechanism"
+  "KFAN_BROKER_SASL_USERNAME" "brokerSasl.username"
+  "KFAN_BROKER_SASL_PASSWORD_FILE" "brokerSasl.password"
+  "KFAN_BROKER_SASL_PASSWORD" "brokerSasl.password (a Secret, mounted as the file KFAN_BROKER_SASL_PASSWORD_FILE: a password never goes into the ConfigMap)"
+  "KFAN_BROKER_SASL_TOKEN_FILE" "brokerSasl.token"
+  "KFAN_BROKER_IDENTITY" "brokerSasl.identity"
+  "KFAN_CLIENT_AUTH" "clientAuth.mode"
+  "KFAN_CLIENT_SASL_MECHANISMS" "clientAuth.mechanisms"
+  "KFAN_CLIENT_USERS" "clientAuth.users"
+  "KFAN_CLIENT_OAUTH_JWKS" "clientAuth.oauth.jwks"
+  "KFAN_CLIENT_OAUTH_ISSUER" "clientAuth.oauth.issuer"
+  "KFAN_CLIENT_OAUTH_AUDIENCE" "clientAuth.oauth.audience"
+  "KFAN_CLIENT_OAUTH_CLOCK_SKEW" "clientAuth.oauth.clockSkewSeconds"
+  "KFAN_CLIENT_SESSION_LIFETIME" "clientAuth.sessionLifetimeSeconds"
+  "KFAN_CLIENT_AUTH_FAILURE_DELAY" "clientAuth.failureDelaySeconds"
 -}}
 {{- $extraAllowed := list "KFAN_MAX_FRAME_BYTES" "KFAN_MAX_INFLIGHT" "KFAN_MAX_CONNECTION_BYTES" "KFAN_MAX_BUFFERED_BYTES" "KFAN_MAX_CONNECTIONS" "KFAN_MAX_HOLD" "KFAN_IDLE_TIMEOUT" "KFAN_FRAME_TIMEOUT" "KFAN_REQUEST_TIMEOUT" "KFAN_METADATA_REFRESH" "KFAN_CAPTURE" "KFAN_CAPTURE_SAMPLE" "KFAN_CAPTURE_RECORDS" -}}
 {{- $env := dict
@@ -143,11 +307,79 @@ KFAN_METRICS_LISTEN binds the parent's metrics port and dies.
   "KFAN_LOG_LEVEL" .Values.logLevel
   "KFAN_LOG_JSON" (ternary "true" "false" (.Values.logJson | default false))
 -}}
+{{- include "kfan.checkSecurity" . }}
+{{- $tls := .Values.tls }}
+{{- if $tls.enabled }}
+{{- $_ := set $env "KFAN_TLS_CERT" (include "kfan.path" (list $tls.mountPath $tls.certFile)) }}
+{{- $_ := set $env "KFAN_TLS_KEY" (include "kfan.path" (list $tls.mountPath $tls.keyFile)) }}
+{{- if $tls.clientCA.enabled }}
+{{- $_ := set $env "KFAN_TLS_CLIENT_CA" (include "kfan.path" (list $tls.clientCA.mountPath $tls.clientCA.file)) }}
+{{- end }}
+{{- end }}
+{{- $btls := .Values.brokerTls }}
+{{- if $btls.enabled }}
+{{- $_ := set $env "KFAN_BROKER_TLS" "true" }}
+{{- with $btls.serverName }}
+{{- $_ := set $env "KFAN_BROKER_TLS_SERVER_NAME" . }}
+{{- end }}
+{{- if $btls.ca.secretName }}
+{{- $_ := set $env "KFAN_BROKER_TLS_CA" (include "kfan.path" (list $btls.ca.mountPath $btls.ca.file)) }}
+{{- end }}
+{{- if $btls.clientCert.secretName }}
+{{- $_ := set $env "KFAN_BROKER_TLS_CERT" (include "kfan.path" (list $btls.clientCert.mountPath $btls.clientCert.certFile)) }}
+{{- $_ := set $env "KFAN_BROKER_TLS_KEY" (include "kfan.path" (list $btls.clientCert.mountPath $btls.clientCert.keyFile)) }}
+{{- end }}
+{{- end }}
+{{- $sasl := .Values.brokerSasl }}
+{{- if $sasl.mechanism }}
+{{- $_ := set $env "KFAN_BROKER_SASL_MECHANISM" $sasl.mechanism }}
+{{- with $sasl.username }}
+{{- $_ := set $env "KFAN_BROKER_SASL_USERNAME" . }}
+{{- end }}
+{{- if eq $sasl.mechanism "OAUTHBEARER" }}
+{{- $_ := set $env "KFAN_BROKER_SASL_TOKEN_FILE" (include "kfan.path" (list $sasl.token.mountPath $sasl.token.file)) }}
+{{- else }}
+{{- $_ := set $env "KFAN_BROKER_SASL_PASSWORD_FILE" (include "kfan.path" (list $sasl.password.mountPath $sasl.password.file)) }}
+{{- end }}
+{{- end }}
+{{- if eq $sasl.identity "client" }}
+{{- $_ := set $env "KFAN_BROKER_IDENTITY" "client" }}
+{{- end }}
+{{- $auth := .Values.clientAuth }}
+{{- if ne $auth.mode "none" }}
+{{- $_ := set $env "KFAN_CLIENT_AUTH" $auth.mode }}
+{{- end }}
+{{- if eq $auth.mode "sasl" }}
+{{- with $auth.mechanisms }}
+{{- $_ := set $env "KFAN_CLIENT_SASL_MECHANISMS" (join "," .) }}
+{{- end }}
+{{- if $auth.users.secretName }}
+{{- $_ := set $env "KFAN_CLIENT_USERS" (include "kfan.path" (list $auth.users.mountPath $auth.users.file)) }}
+{{- end }}
+{{- if $auth.oauth.jwks.secretName }}
+{{- $_ := set $env "KFAN_CLIENT_OAUTH_JWKS" (include "kfan.path" (list $auth.oauth.jwks.mountPath $auth.oauth.jwks.file)) }}
+{{- with $auth.oauth.issuer }}
+{{- $_ := set $env "KFAN_CLIENT_OAUTH_ISSUER" . }}
+{{- end }}
+{{- with $auth.oauth.audience }}
+{{- $_ := set $env "KFAN_CLIENT_OAUTH_AUDIENCE" . }}
+{{- end }}
+{{- $_ := set $env "KFAN_CLIENT_OAUTH_CLOCK_SKEW" (toString $auth.oauth.clockSkewSeconds) }}
+{{- end }}
+{{- $_ := set $env "KFAN_CLIENT_SESSION_LIFETIME" (toString $auth.sessionLifetimeSeconds) }}
+{{- $_ := set $env "KFAN_CLIENT_AUTH_FAILURE_DELAY" (toString $auth.failureDelaySeconds) }}
+{{- end }}
 {{- with .Values.configFile }}
 {{- $_ := set $env "KFAN_CONFIG" "/etc/kfan/config/kfan.toml" }}
-{{- $key := regexFind "(?m)^[ \t]*(bootstrap|listen|advertise|node[-_]id|metrics[-_]listen|workers|shutdown[-_]timeout|log[-_]level|log[-_]json)[ \t]*=" . }}
+{{- $names := list }}
+{{- range $k, $_ := $owned }}
+{{- if ne $k "KFAN_CONFIG" }}
+{{- $names = append $names ($k | trimPrefix "KFAN_" | lower | replace "_" "[-_]") }}
+{{- end }}
+{{- end }}
+{{- $key := regexFind (printf "(?m)^[ \t]*[\"']?(%s)[\"']?[ \t]*=" (join "|" $names)) . }}
 {{- if $key }}
-{{- fail (printf "configFile: %q is set by the chart from its values; leave it out of the file" (trimSuffix "=" $key | trim)) }}
+{{- fail (printf "configFile: %q is set by the chart from its values; leave it out of the file" (trimSuffix "=" $key | trim | trimAll "\"'")) }}
 {{- end }}
 {{- end }}
 {{- range $k, $v := .Values.extraEnv }}
