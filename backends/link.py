@@ -262,4 +262,6 @@ class Link:
 def _leaf(e: BaseException) -> BaseException:
     while isinstance(e, BaseExceptionGroup) and e.exceptions:
         e = e.exceptions[0]
+    if isinstance(e, trio.BrokenResourceError) and isinstance(e.__cause__, OSError):
+        return e.__cause__  # what broke it: a refused certificate is an SSLError, worth its own words
     return e

@@ -256,31 +256,22 @@ def test_a_refused_broker_login_shows_in_readyz_and_metrics_and_heals_when_the_f
     with SecureCluster.for_tests(tmp_path_factory) as cluster:
         args = broker_args(cluster, password="not-the-password")
         password_file = Path(args[args.index("--broker-sasl-password-file") + 1])
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "proxy", "serve", "--bootstrap", cluster.bootstrap, "--listen", "127.0.0.1:0",
-             "--metrics-listen", "127.0.0.1:0", *args],
-            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        )  # fmt: skip
-        k = Kfan(proc, "127.0.0.1", 0, [])
-        import threading
-
-        threading.Thread(target=lambda: k.log.extend(iter(proc.stdout.readline, "")), daemon=True).start()  # type: ignore[union-attr]
+        k = start_kfan(cluster.bootstrap, "--metrics-listen", "127.0.0.1:0", *args, wait=False)
+        proc = k.process
         try:
             port = metrics_port_in(k.log)
             wait_for("a refused login", lambda: _counter(k, "kfan_broker_authentications_total", result="failed") >= 1, 20)
-            status, body = http_get(f"http://127.0.0.1:{port}/readyz")
-            assert status == 503
-            assert "SCRAM-SHA-512 authentication failed" in body, body
+            wait_for(
+                "/readyz to say why", lambda: "SCRAM-SHA-512 authentication failed" in http_get(f"http://127.0.0.1:{port}/readyz")[1], 10
+            )
+            assert http_get(f"http://127.0.0.1:{port}/readyz")[0] == 503
             assert any("SASL SCRAM-SHA-512 authentication failed" in line for line in k.log)
             assert proc.poll() is None
             # The password file is read at each login: a fixed file heals kfan without a restart.
             password_file.write_text(cluster.users["kfan"] + "\n")
             wait_for("kfan to become ready", lambda: http_get(f"http://127.0.0.1:{port}/readyz")[0] == 200, 30)
         finally:
-            alive = proc.poll() is None
-            proc.terminate()
-            proc.wait(30)
-            assert alive, "".join(k.log[-30:])
+            _stopped(k)  # SIGTERM ends even a kfan still looking for a broker it can log in to
 
 
 # --- the users file command ------------------------------------------------------------------------
@@ -380,8 +371,38 @@ def test_sasl_handshake_v0_logins_take_bare_tokens(cluster: MockCluster, secrets
             rc.send_bytes(frame([b"\0alice\0wrong"]))
             assert rc.closed_by_peer(), "a failed bare-token login is closed, nothing answered"
         with RawClient(k.address) as rc:
+            answer = rc.call(SaslHandshakeRequest(mechanism="GSSAPI"))
+            assert answer.error_code == 33, "UNSUPPORTED_SASL_MECHANISM"
+            assert sorted(answer.mechanisms) == ["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"], "with the enabled ones"
+            assert rc.closed_by_peer()
+        with RawClient(k.address) as rc:
             rc.send(MetadataRequest(topics=None))
             assert rc.closed_by_peer(), "nothing but ApiVersions and SASL before a login"
         wait_for("the refusal's log line", lambda: any("before authentication" in line for line in k.log), 5)
     finally:
         _stopped(k)
+
+
+# --- the brokers' certificates ------------------------------------------------------------------------
+
+
+def test_broker_certificates_are_checked_against_the_advertised_host_or_the_name_given(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    """The brokers' certificates name localhost: kfan checks each against the host it connects to,
+    and --broker-tls-server-name replaces that name (a wrong one is refused, never ignored)."""
+    with SecureCluster.for_tests(tmp_path_factory) as cluster:
+        wrong = start_kfan(cluster.bootstrap, "--metrics-listen", "127.0.0.1:0", "--broker-tls-server-name", "kafka.elsewhere.example",
+                           *broker_args(cluster), wait=False)  # fmt: skip
+        try:
+            port = metrics_port_in(wrong.log)
+            wait_for("the refused certificate in the log", lambda: any("CERTIFICATE_VERIFY_FAILED" in line for line in wrong.log), 20)
+            wait_for("/readyz to say why", lambda: "CERTIFICATE_VERIFY_FAILED" in http_get(f"http://127.0.0.1:{port}/readyz")[1], 10)
+            assert http_get(f"http://127.0.0.1:{port}/readyz")[0] == 503
+        finally:
+            _stopped(wrong)
+        named = start_kfan(cluster.bootstrap, "--broker-tls-server-name", "localhost", *broker_args(cluster))
+        try:
+            assert AdminClient({"bootstrap.servers": named.bootstrap}).list_topics(timeout=10).brokers
+        finally:
+            _stopped(named)

@@ -38,8 +38,9 @@ class Kfan:
         return stop_process(self.process, 15)
 
 
-def start_kfan(bootstrap: str, *extra: str, env: Mapping[str, str] | None = None) -> Kfan:
-    """``kfan serve`` on a free port; ``env``: KFAN_* variables for it."""
+def start_kfan(bootstrap: str, *extra: str, env: Mapping[str, str] | None = None, wait: bool = True) -> Kfan:
+    """``kfan serve`` on a free port; ``env``: KFAN_* variables for it. ``wait=False``: do not wait
+    for it to serve (a kfan that cannot reach its brokers); its port is then unknown (0)."""
     env = {**os.environ, **(env or {}), "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"}
     proc = subprocess.Popen(
         [sys.executable, "-m", "proxy", "serve", "--bootstrap", bootstrap, "--listen", "127.0.0.1:0", "--log-level", "INFO", *extra],
@@ -48,7 +49,9 @@ def start_kfan(bootstrap: str, *extra: str, env: Mapping[str, str] | None = None
         text=True,
         env=env,
     )
-    log, serving = follow_output(proc, SERVING, 30)
+    log, serving = follow_output(proc, SERVING, 30 if wait else 0)
+    if not wait:
+        return Kfan(proc, "127.0.0.1", 0, log)
     if serving is None:
         proc.kill()
         raise RuntimeError("kfan did not start:\n" + "".join(log))
