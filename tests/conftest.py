@@ -1,4 +1,4 @@
-"""Fixtures: the embedded multi-broker cluster and the real kfan process in front of it."""
+"""Fixtures: the embedded multi-broker cluster, the real kfan process in front of it, kcat."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from collections.abc import Iterator
 import pytest
 
 from backends.mock import MockCluster
+from tests.support.kcat import Kcat, KcatUnavailable, ensure_kcat
 from tests.support.kfan import Kfan, kfan_for_session
 from tests.support.tansu import Tansu
 
@@ -47,3 +48,13 @@ def topic(cluster: MockCluster) -> str:
     name = f"t{next(_topics)}-{int(time.time() * 1000) % 100000}"
     cluster.create_topic(name, 6)
     return name
+
+
+@pytest.fixture(scope="session")
+def kcat() -> Kcat:
+    """kcat from PATH, or installed with apt; the test fails (never skips) when neither works."""
+    try:
+        path = ensure_kcat()
+    except KcatUnavailable as e:
+        pytest.fail(str(e), pytrace=False)
+    return Kcat(path)

@@ -751,6 +751,22 @@ def _get(url: str) -> int:
         return 0
 
 
+def _start_rendered(docs: list[dict[str, Any]], metrics_port: int, timeout: float) -> subprocess.Popen[str]:
+    """kfan started as the Deployment's container would be (its args, its KFAN_* environment), once /readyz says 200."""
+    c = container(docs)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KFAN_")} | kfan_env(docs)
+    process = subprocess.Popen(
+        [sys.executable, "-m", "proxy", *c["args"]], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    deadline = time.monotonic() + timeout
+    while _get(f"http://127.0.0.1:{metrics_port}" + c["readinessProbe"]["httpGet"]["path"]) != 200:
+        if process.poll() is not None or time.monotonic() > deadline:
+            process.kill()
+            raise AssertionError("kfan never became ready:\n" + process.communicate()[0])
+        time.sleep(0.2)
+    return process
+
+
 @pytest.mark.parametrize("workers", [1, 2])
 def test_rendered_configuration_runs_a_real_kfan(cluster: Any, workers: int) -> None:
     """The Deployment's command, args and ConfigMap start kfan: ready on /readyz, and
@@ -765,18 +781,10 @@ def test_rendered_configuration_runs_a_real_kfan(cluster: Any, workers: int) -> 
     }
     docs = render(values)
     c = container(docs)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("KFAN_")} | kfan_env(docs)
     assert c["command"] == ["kfan"]  # the console script; `python -m proxy` is the same command
-    process = subprocess.Popen(
-        [sys.executable, "-m", "proxy", *c["args"]], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-    )
+    process = _start_rendered(docs, metrics_port, 60)
     try:
         metrics = f"http://127.0.0.1:{metrics_port}"
-        deadline = time.monotonic() + 60
-        while _get(metrics + c["readinessProbe"]["httpGet"]["path"]) != 200:
-            assert process.poll() is None, process.communicate()[0]
-            assert time.monotonic() < deadline, "kfan never became ready"
-            time.sleep(0.2)
         assert _get(metrics + c["livenessProbe"]["httpGet"]["path"]) == 200
         with socket.create_connection(("127.0.0.1", kafka_port), timeout=5):
             pass
@@ -877,18 +885,9 @@ def test_rendered_security_configuration_runs_kfan_against_a_tls_sasl_cluster(tm
         assert sc.users["kfan"] not in rendered
         _kubelet(docs, secrets)
 
-        c = container(docs)
-        env = {k: v for k, v in os.environ.items() if not k.startswith("KFAN_")} | kfan_env(docs)
-        process = subprocess.Popen(
-            [sys.executable, "-m", "proxy", *c["args"]], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-        )
+        process = _start_rendered(docs, metrics_port, 30)
         try:
             metrics = f"http://127.0.0.1:{metrics_port}"
-            deadline = time.monotonic() + 30
-            while _get(metrics + c["readinessProbe"]["httpGet"]["path"]) != 200:
-                assert process.poll() is None, process.communicate()[0]
-                assert time.monotonic() < deadline, "kfan never became ready"
-                time.sleep(0.2)
 
             topic = f"chart-secure-{int(time.time() * 1000) % 100000}"
             sc.mock.create_topic(topic, 6)

@@ -39,7 +39,7 @@ import pytest
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from backends.mock import MockCluster
-from tests.support.kcat import Consumed, Kcat, KcatUnavailable, Row, ensure_kcat
+from tests.support.kcat import Consumed, Kcat, Row
 from tests.support.kfan import Kfan
 from tests.support.round_trip import (
     ROUND_TRIPS,
@@ -60,16 +60,6 @@ _names = itertools.count(1)
 
 def _name(prefix: str) -> str:
     return f"{prefix}{next(_names)}-{uuid.uuid4().hex[:8]}"
-
-
-@pytest.fixture(scope="session")
-def kcat() -> Kcat:
-    """kcat from PATH, or installed with apt; the test fails (never skips) when neither works."""
-    try:
-        path = ensure_kcat()
-    except KcatUnavailable as e:
-        pytest.fail(str(e), pytrace=False)
-    return Kcat(path)
 
 
 @dataclass

@@ -52,7 +52,7 @@ from kio.schema.api_versions.v3.request import ApiVersionsRequest
 from kio.schema.metadata.v12.request import MetadataRequest
 
 from tests.support.client_security import ClientSecurity
-from tests.support.kcat import Kcat, KcatFailed, KcatUnavailable, ensure_kcat
+from tests.support.kcat import Kcat, KcatFailed
 from tests.support.kfan import Kfan, start_kfan
 from tests.support.rawclient import RawClient
 from tests.support.round_trip import (
@@ -113,16 +113,6 @@ def kfan_sasl(secure: SecureCluster, secrets: KfanSecrets) -> Iterator[Kfan]:
 def kfan_mtls(secure: SecureCluster, secrets: KfanSecrets) -> Iterator[Kfan]:
     """TLS to clients with client certificates required; the certificate's subject is the principal."""
     yield from _kfan(secure, *secrets.tls_args(mtls=True), "--client-auth", "mtls", name="kfan (mTLS)")
-
-
-@pytest.fixture(scope="session")
-def kcat() -> Kcat:
-    """kcat from PATH, or installed with apt; the test fails (never skips) when neither works."""
-    try:
-        path = ensure_kcat()
-    except KcatUnavailable as e:
-        pytest.fail(str(e), pytrace=False)
-    return Kcat(path)
 
 
 def _round_trip(request: pytest.FixtureRequest, client: str) -> RoundTrip:
