@@ -87,6 +87,7 @@ class ClientSession:
         self.expires_at = math.inf
         self._exchange: ServerExchange | None = None
         self._raw_tokens = False  # after SaslHandshake v0 the next frames are bare SASL tokens
+        self._failed = False  # a login failed: the connection is closing, nothing more is answered
         self._confirm = confirm
         self._on_login = on_login
 
@@ -105,6 +106,8 @@ class ClientSession:
 
         Raises :class:`Refused` when the request may not be served now.
         """
+        if self._failed:
+            raise Refused("authentication_failed", "a request after a failed login")
         if self._raw_tokens:
             return await self._raw_token(bytes(payload))
         api_key, version, _ = peek_request(payload)
@@ -196,6 +199,9 @@ class ClientSession:
                 if refused is not None:
                     error = f"the brokers refused the credentials: {refused}"
         if error is not None:
+            # A failed re-authentication ends the login too: nothing more is served on this connection.
+            self.principal = self.credentials = None
+            self._failed = True
             metrics.AUTHENTICATIONS.labels(mechanism, "failed").inc()
             who = f"User:{exchange.claimed}" if exchange.claimed else "no user name"
             log.warning("%s: authentication failed (%s, %s): %s", self.client, mechanism, who, error)

@@ -64,6 +64,8 @@ from .security.tls import ServerTLS, looks_like_tls, principal_of
 
 log = logging.getLogger("kfan.connection")
 _ids = itertools.count(1)
+# How long a connection kfan ends after an answer (a failed login) waits for the client to close it.
+CLOSE_LINGER = 1.0
 _refused_logged_at = -math.inf  # when a refusal past --max-connections was last logged
 
 
@@ -442,6 +444,10 @@ class ClientConnection:
                 self._receiver.last_active = trio.current_time()  # idle counts from the last byte either way
                 metrics.BYTES.labels("client_out").inc(len(data))
             if slot.close_after is not None:
+                # Let the client read the answer and leave first (the reader still sees its EOF,
+                # and refuses anything else it sends): closing under an answer in flight lets
+                # some clients lose it to a reset or an unannounced TLS end.
+                await trio.sleep(CLOSE_LINGER)
                 raise _Close(slot.close_after)
             metrics.CLIENT_LATENCY.labels(str(slot.api_key)).observe(trio.current_time() - slot.started)
             self._budget.release(slot.size)
