@@ -159,6 +159,7 @@ def _config(options: dict[str, Any], bootstrap: list[tuple[str, int]], reuse_por
             frame_timeout=options["frame_timeout"],
             max_buffered_bytes=options["max_buffered_bytes"],
             max_connections=options["max_connections"],
+            validate_records=options["validate_records"] == "crc",
         ),
         metrics_listen=options["metrics_listen"],
         reuse_port=reuse_port,

@@ -115,6 +115,13 @@ OPTIONS: tuple[Option, ...] = (
     Option("frame-timeout", float, 30.0, "close a client that takes longer than this to send a request or to read a response", "SECONDS"),
     Option("metadata-refresh", float, 30.0, "seconds between topology refreshes (leadership errors refresh at once)", "SECONDS"),
     Option("shutdown-timeout", float, 25.0, "on SIGTERM, seconds to finish in-flight requests before closing", "SECONDS"),
+    Option(
+        "validate-records",
+        _choice("crc", "off"),
+        "crc",
+        "crc: check each produced record batch (length, magic, count, CRC) before it is sent; a bad one is refused, not sent",
+        "crc|off",
+    ),
     Option("capture", Path, None, "record client exchanges as Parquet files in this directory", "DIR"),
     Option("capture-sample", float, 1.0, "fraction of exchanges captured", "FRACTION"),
     Option("capture-records", _records_mode, "full", "full, or none: record batches emptied so no payload is stored", "full|none"),

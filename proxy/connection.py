@@ -55,10 +55,12 @@ from .core import (
     Response,
     Unsupported,
 )
+from .core.layout import TopicPartition
 from .core.topology import Topology
 from .forwarder import Forwarder, Handles
 from .kafka.frames import FrameReader, frame
 from .kafka.headers import RequestHeader, peek_request, response_header
+from .kafka.records import Invalid
 from .kafka.wire import Malformed, Parts
 from .security.tls import ServerTLS, looks_like_tls, principal_of
 
@@ -80,6 +82,7 @@ class Limits:
     frame_timeout: float = 30.0  # a frame begun must arrive whole within this
     max_buffered_bytes: int = 512 * 1024 * 1024  # held for all connections of the process
     max_connections: int = 10_000
+    validate_records: bool = True  # --validate-records crc: bad produced batches stop at kfan
 
 
 class _Close(Exception):
@@ -207,6 +210,7 @@ class ClientConnection:
         name = f"client {self.id} ({peer})"
         self._session = None if auth is None else ClientSession(auth, name, confirm=self._confirm, on_login=self._relogin)
         self._links: LinkPool | None = None
+        self._logged_refused = False
 
     async def run(self) -> None:
         """Serve the client until it leaves or must go; never raises (but for cancellation)."""
@@ -232,6 +236,7 @@ class ClientConnection:
                     max_hold=limits.max_hold,
                     client=self.id,
                     client_identity=carry,
+                    validate_records=limits.validate_records,
                 )
                 send, receive = trio.open_memory_channel[ResponseSlot](self.limits.max_inflight)
                 nursery.start_soon(self._write, receive, nursery.cancel_scope)
@@ -306,6 +311,8 @@ class ClientConnection:
                     continue
             read_at = time.time_ns() if self.capture is not None and self.capture.sampled() else None
             ctx, plan = await self._plan(payload)
+            if plan.refused:
+                self._refused_records(plan.refused)
             await self._budget.acquire(plan.cost)
             h = plan.header
             slot = ResponseSlot(plan.cost, h.api_key)
@@ -329,6 +336,14 @@ class ClientConnection:
                 log.error("client %s: unexpected error sending %s", self.id, _describe(h), exc_info=True)
                 raise _Close("internal_error") from e
             self._nursery.start_soon(self._complete, plan, handles, slot, submitted_at)
+
+    def _refused_records(self, refused: Mapping[TopicPartition, Invalid]) -> None:
+        for problem in refused.values():
+            metrics.INVALID_BATCHES.labels(problem.reason).inc()
+        if not self._logged_refused:  # once per connection: a client with a bad encoder would flood the log
+            self._logged_refused = True
+            where = ", ".join(f"{topic}-{partition} ({problem.reason})" for (topic, partition), problem in list(refused.items())[:5])
+            log.warning("client %s (%s): refused produced records that no broker would take: %s", self.id, self.peer, where)
 
     async def _admit(self, payload: bytes | memoryview) -> Answer | None:
         assert self._session is not None

@@ -66,10 +66,12 @@ class Forwarder:
         max_hold: float,
         client: int,
         client_identity: bool = False,
+        validate_records: bool = True,
     ) -> None:
         """``client_identity``: the links log in as the client, so a refused login is the client's (error 58), not a broker failure."""
         self.cluster = cluster
         self.client_identity = client_identity
+        self.validate_records = validate_records
         self.identity = identity
         self.links = links
         self.request_timeout = request_timeout  # beyond the time the request itself allows the broker
@@ -100,7 +102,13 @@ class Forwarder:
     def _context(self, coordinators_looked_up: bool = False) -> Context:
         cluster = self.cluster
         return Context(
-            self.identity, cluster.topology, cluster.api_versions, cluster.coordinators.known, coordinators_looked_up, self.watermarks
+            self.identity,
+            cluster.topology,
+            cluster.api_versions,
+            cluster.coordinators.known,
+            coordinators_looked_up,
+            self.watermarks,
+            self.validate_records,
         )
 
     def broker_wait(self, plan: Forward) -> float:

@@ -53,6 +53,11 @@ CLIENT_CLOSES = Counter(
     "unsupported_sasl_mechanism, illegal_sasl_state, session_expired)",
     ["reason"],
 )
+INVALID_BATCHES = Counter(
+    "kfan_invalid_batches",
+    "Produced partitions refused before any broker saw them, by reason (crc, length, magic, count, offset_delta)",
+    ["reason"],
+)
 AUTHENTICATIONS = Counter(
     "kfan_authentications",
     "Client authentications by kfan, by mechanism (PLAIN, SCRAM-SHA-256, SCRAM-SHA-512, OAUTHBEARER, mTLS) and result "

@@ -49,6 +49,7 @@ from proxy.kafka.frames import FrameReader, frame
 from proxy.kafka.headers import parse_request_header, response_header
 from proxy.kafka.wire import Malformed
 from tests.support.messages import answer_bytes, request_bytes
+from tests.support.records import record_batch
 
 IDENTITY = Identity(node_id=42, host="kfan.example", port=19092)
 ALL_VERSIONS = {k: (r.start, r.stop - 1) for k in ROUTES if (r := schema.known_versions(k))}
@@ -144,7 +145,7 @@ def test_an_undecodable_fetch_answer_fails_only_its_brokers_partitions(garbage: 
 
 
 def test_an_undecodable_produce_answer_is_maybe_written() -> None:
-    batch = b"\x00" * 61
+    batch = record_batch(b"x")
     request = request_bytes(
         apis.PRODUCE,
         9,

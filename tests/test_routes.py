@@ -61,6 +61,7 @@ from tests.support.golden import (
     match_effects,
     request_payload,
 )
+from tests.support.records import record_batch
 
 # --- the world every case runs in ------------------------------------------------------
 
@@ -68,6 +69,7 @@ IDENTITY = Identity(node_id=42, host="kfan.example", port=19092)
 KFAN_BROKER = {"node_id": 42, "host": "kfan.example", "port": 19092, "rack": None}
 ORDERS_ID = uuid.UUID("00000000-0000-0000-0000-0000000000a1")
 PAYMENTS_ID = uuid.UUID("00000000-0000-0000-0000-0000000000b2")
+BATCH_0, BATCH_2 = record_batch(b"batch-0"), record_batch(b"batch-2")  # whole batches: kfan checks them before sending
 TOPOLOGY = Topology(
     brokers={1: Broker(1, "broker1", 9091), 2: Broker(2, "broker2", 9092), 3: Broker(3, "broker3", 9093)},
     leaders={"orders": {0: 1, 1: 2, 2: 3}},
@@ -124,13 +126,11 @@ CASES: list[Golden] = [
         request={
             "acks": -1,
             "timeout": 1000,
-            "topic_data": [
-                {"topic_id": ORDERS_ID, "partition_data": [{"index": 2, "records": b"batch-2"}, {"index": 0, "records": b"batch-0"}]}
-            ],
+            "topic_data": [{"topic_id": ORDERS_ID, "partition_data": [{"index": 2, "records": BATCH_2}, {"index": 0, "records": BATCH_0}]}],
         },
         subs={
-            3: {"topic_data": [{"topic_id": ORDERS_ID, "partition_data": [{"index": 2, "records": b"batch-2"}]}]},
-            1: {"topic_data": [{"topic_id": ORDERS_ID, "partition_data": [{"index": 0, "records": b"batch-0"}]}]},
+            3: {"topic_data": [{"topic_id": ORDERS_ID, "partition_data": [{"index": 2, "records": BATCH_2}]}]},
+            1: {"topic_data": [{"topic_id": ORDERS_ID, "partition_data": [{"index": 0, "records": BATCH_0}]}]},
         },
         answers={
             1: {

@@ -13,11 +13,13 @@ topology is refreshed. Where the partitions sit in each API's messages is the
 from __future__ import annotations
 
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import cache
 
 from ..kafka import errors
 from ..kafka.headers import RequestHeader
+from ..kafka.records import Invalid
 from ..kafka.schema import Struct, encode_body, request_spec, response_spec
 from . import identity, layout
 from .answers import Decoded, decode_answers, reencoded, whole
@@ -57,20 +59,36 @@ class LeaderSplit:
 
     def unknown_topics(self) -> set[TopicKey]:
         """Topics the topology does not know (a refresh may find them), as opposed to leaderless ones."""
-        return {tp[0] for tp, code in self.unroutable.items() if code != errors.NOT_LEADER_OR_FOLLOWER}
+        return {tp[0] for tp, code in self.unroutable.items() if code in _UNKNOWN}
+
+    def moved(self) -> bool:
+        """Partitions went unrouted for want of a leader (not for what the client sent): refresh the topology."""
+        return any(code in errors.LEADERSHIP for code in self.unroutable.values())
 
 
-def split(route: Route, ctx: Context, hdr: RequestHeader, request: Struct) -> LeaderSplit:
+_UNKNOWN = frozenset({errors.UNKNOWN_TOPIC_OR_PARTITION, errors.UNKNOWN_TOPIC_ID})
+
+
+def split(
+    route: Route, ctx: Context, hdr: RequestHeader, request: Struct, refuse: Mapping[TopicPartition, int] | None = None
+) -> LeaderSplit:
+    """``refuse``: partitions answered at once with that error code, sent to no broker."""
     topology = ctx.topology
     request_layout, response_layout = layouts_of(route, hdr.api_version)
+    refuse = refuse or {}
 
     def leader(key: TopicKey, partition: int) -> int | None:
+        if (key, partition) in refuse:
+            return None
         name = topic_name(topology, key)
         return None if name is None else topology.leader(name, partition)
 
     by_leader, unroutable = layout.split(request, request_layout, leader)
     out = LeaderSplit(request, request_layout, response_layout, by_leader)  # type: ignore[arg-type]
     for tp in unroutable:
+        if tp in refuse:
+            out.unroutable[tp] = refuse[tp]
+            continue
         name = topic_name(topology, tp[0])
         if name is not None and topology.knows_topic(name):
             out.unroutable[tp] = errors.NOT_LEADER_OR_FOLLOWER
@@ -93,7 +111,15 @@ def plan(route: Route, ctx: Context, hdr: RequestHeader, payload: memoryview, re
     return plan_split(route, ctx, hdr, payload, split(route, ctx, hdr, request), expect=True)
 
 
-def plan_split(route: Route, ctx: Context, hdr: RequestHeader, payload: memoryview, found: LeaderSplit, expect: bool) -> Plan:
+def plan_split(
+    route: Route,
+    ctx: Context,
+    hdr: RequestHeader,
+    payload: memoryview,
+    found: LeaderSplit,
+    expect: bool,
+    refused: dict[TopicPartition, Invalid] | None = None,
+) -> Plan:
     assert route.merge is not None
     forward = Forward(
         hdr,
@@ -105,6 +131,7 @@ def plan_split(route: Route, ctx: Context, hdr: RequestHeader, payload: memoryvi
         route.merge,
         state=found,
         unknown_topics=found.unknown_topics(),
+        refused=refused or {},
     )
     return forward if forward.subs else unroutable_reply(forward)
 
@@ -113,7 +140,12 @@ def unroutable_reply(forward: Forward) -> LocalReply:
     """Nothing routable: answer at once with per-partition errors."""
     reply = forward.merge(forward, {})
     return LocalReply(
-        forward.header, forward.expect_response, reply.body if forward.expect_response else [], reply.errors, forward.unknown_topics
+        forward.header,
+        forward.expect_response,
+        reply.body if forward.expect_response else [],
+        reply.errors,
+        forward.unknown_topics,
+        refused=forward.refused,
     )
 
 
@@ -154,7 +186,7 @@ def merge_partitions(plan: Forward, answers: Answers) -> tuple[Struct, Reply, De
         reply.errors[(code, destination)] += 1  # type: ignore[index]
     for code in found.unroutable.values():
         reply.errors[(code, -1)] += 1
-    if found.unroutable or decoded.failed:
+    if found.moved() or found.unknown_topics() or decoded.failed:
         reply.effects.append(RefreshTopology())
     for effect in identity.partitions(plan.ctx.identity, body, response_layout):
         if effect not in reply.effects:

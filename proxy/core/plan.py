@@ -21,6 +21,7 @@ from typing import Any, NamedTuple
 
 from ..kafka import errors
 from ..kafka.headers import RequestHeader
+from ..kafka.records import Invalid
 from ..kafka.schema import Struct
 from ..kafka.wire import Parts
 from .layout import TopicKey, TopicPartition
@@ -182,6 +183,8 @@ class Context:
     coordinators_looked_up: bool = False
     # What this client connection last learned of partitions' watermarks (Fetch only).
     watermarks: Mapping[TopicPartition, Watermarks] = field(default_factory=dict)
+    # Check a Produce's record batches before they reach a broker (--validate-records crc).
+    validate_records: bool = True
 
 
 @dataclass(slots=True)
@@ -194,6 +197,7 @@ class LocalReply:
     errors: Counter[tuple[int, int]] = field(default_factory=Counter)
     unknown_topics: set[TopicKey] = field(default_factory=set)  # named but not in the topology
     cost: int = 0
+    refused: dict[TopicPartition, Invalid] = field(default_factory=dict)  # records refused before any broker saw them
 
 
 @dataclass(slots=True)
@@ -223,6 +227,7 @@ class Forward:
     unknown_topics: set[TopicKey] = field(default_factory=set)
     broker_wait_ms: int = 0  # how long the request itself lets a broker take before answering
     cost: int = 0  # memory the request holds while in flight: its frame plus its decoded form (estimated)
+    refused: dict[TopicPartition, Invalid] = field(default_factory=dict)  # records refused before any broker saw them
 
 
 @dataclass(slots=True)

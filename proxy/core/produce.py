@@ -1,5 +1,10 @@
 """Produce's own rules, on top of the split by leader.
 
+Record batches are checked before they are sent (:mod:`proxy.kafka.records`):
+a partition whose records a broker would refuse unread is answered at once
+with CORRUPT_MESSAGE or INVALID_RECORD and sent nowhere; the request's other
+partitions go on as usual.
+
 acks=0: the client expects no response, so none is written (the request
 still holds its place in the response order), and the brokers are not
 expected to answer either. A broker that fails under a Produce is reported
@@ -11,8 +16,10 @@ from __future__ import annotations
 
 from ..kafka import errors
 from ..kafka.headers import RequestHeader
+from ..kafka.records import Invalid, check_records
 from ..kafka.schema import Struct
 from . import leader
+from .layout import Layout, TopicPartition
 from .plan import BrokerFailure, Context, Plan, Route
 
 # NETWORK_EXCEPTION is the general answer for a failed broker, but librdkafka
@@ -24,4 +31,16 @@ FAILURE = BrokerFailure(written=errors.REQUEST_TIMED_OUT, unwritten=errors.NOT_L
 
 def plan(route: Route, ctx: Context, hdr: RequestHeader, payload: memoryview, request: Struct) -> Plan:
     expect = request["acks"] != 0
-    return leader.plan_split(route, ctx, hdr, payload, leader.split(route, ctx, hdr, request), expect)
+    refused = invalid_records(request, leader.layouts_of(route, hdr.api_version)[0]) if ctx.validate_records else {}
+    found = leader.split(route, ctx, hdr, request, {tp: bad.code for tp, bad in refused.items()})
+    return leader.plan_split(route, ctx, hdr, payload, found, expect, refused)
+
+
+def invalid_records(request: Struct, request_layout: Layout) -> dict[TopicPartition, Invalid]:
+    """The partitions whose records a broker would refuse unread (a bad checksum, a broken frame): not sent."""
+    out: dict[TopicPartition, Invalid] = {}
+    for topic, partition in request_layout.entries(request):
+        problem = check_records(partition["records"])
+        if problem is not None:
+            out[(topic, request_layout.partition_index(partition))] = problem
+    return out

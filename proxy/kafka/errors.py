@@ -1,6 +1,7 @@
 """Kafka error codes kfan produces or reacts to (names as in Kafka's Errors.java)."""
 
 NONE = 0
+CORRUPT_MESSAGE = 2
 UNKNOWN_TOPIC_OR_PARTITION = 3
 LEADER_NOT_AVAILABLE = 5
 NOT_LEADER_OR_FOLLOWER = 6
@@ -16,6 +17,7 @@ SASL_AUTHENTICATION_FAILED = 58
 FETCH_SESSION_ID_NOT_FOUND = 70
 FENCED_LEADER_EPOCH = 74
 UNKNOWN_LEADER_EPOCH = 75
+INVALID_RECORD = 87
 UNKNOWN_TOPIC_ID = 100
 
 # A partition answering one of these has moved (or is moving): the topology

@@ -1,0 +1,125 @@
+"""Record batches checked without being decoded: what a broker checks first.
+
+A Produce partition's ``records`` are one or more record batches (magic 2:
+CRC-32C over attributes to the end) or, before Produce v3, message sets of
+magic 0 and 1 messages (CRC-32 over magic to the end). :func:`check_records`
+walks them over the bytes present, never copying, and says what is wrong:
+a framing error (a length past the bytes present, a count the records do not
+fill, an unknown magic) is INVALID_RECORD, a checksum that does not match is
+CORRUPT_MESSAGE, as a broker answers them.
+"""
+
+from __future__ import annotations
+
+import struct
+import zlib
+from dataclasses import dataclass
+
+from crc32c import crc32c
+
+from . import errors
+
+# Record batch (magic 2) header: baseOffset 8, batchLength 4, partitionLeaderEpoch 4,
+# magic 1, crc 4, attributes 2, lastOffsetDelta 4, baseTimestamp 8, maxTimestamp 8,
+# producerId 8, producerEpoch 2, baseSequence 4, records count 4.
+_BATCH_HEAD = 61
+_LENGTH = struct.Struct(">i")
+_CRC = struct.Struct(">I")
+_MAGIC_AT = 16
+_CRC_AT = 17
+_ATTRIBUTES_AT = 21
+_LAST_OFFSET_DELTA_AT = 23
+_COUNT_AT = 57
+_COMPRESSION = 0x07
+_CONTROL = 0x20
+# Message (magic 0, 1): offset 8, size 4, then (size bytes) crc 4, magic 1, attributes 1,
+# [timestamp 8, magic 1 only], key length 4 and key, value length 4 and value.
+_MESSAGE_HEAD = 12
+_MESSAGE_MIN = {0: 14, 1: 22}  # the smallest size: empty key and value
+
+
+@dataclass(frozen=True, slots=True)
+class Invalid:
+    """Why a partition's records are refused, and the error code a broker would answer."""
+
+    code: int
+    reason: str  # a short label: crc, length, magic, count, offset_delta
+
+
+def check_records(data: bytes | memoryview | None) -> Invalid | None:
+    """None when every batch or message in ``data`` is whole and its checksum matches."""
+    if data is None or len(data) == 0:
+        return None  # nothing to check; the broker answers an empty produce as it sees fit
+    view = memoryview(data)
+    at = 0
+    end = len(view)
+    while at < end:
+        if end - at < _MESSAGE_HEAD + 5:
+            return Invalid(errors.INVALID_RECORD, "length")
+        (size,) = _LENGTH.unpack_from(view, at + 8)
+        if size < 5 or at + _MESSAGE_HEAD + size > end:  # 5: up to and with the magic byte
+            return Invalid(errors.INVALID_RECORD, "length")
+        entry = view[at : at + _MESSAGE_HEAD + size]
+        magic = entry[_MAGIC_AT]
+        if magic == 2:
+            problem = _check_batch(entry)
+        elif magic in (0, 1):
+            problem = _check_message(entry, magic)
+        else:
+            problem = Invalid(errors.INVALID_RECORD, "magic")
+        if problem is not None:
+            return problem
+        at += _MESSAGE_HEAD + size
+    return None
+
+
+def _check_batch(batch: memoryview) -> Invalid | None:
+    if len(batch) < _BATCH_HEAD:
+        return Invalid(errors.INVALID_RECORD, "length")
+    (crc,) = _CRC.unpack_from(batch, _CRC_AT)
+    if crc32c(batch[_ATTRIBUTES_AT:]) != crc:
+        return Invalid(errors.CORRUPT_MESSAGE, "crc")
+    (count,) = _LENGTH.unpack_from(batch, _COUNT_AT)
+    (last_offset_delta,) = _LENGTH.unpack_from(batch, _LAST_OFFSET_DELTA_AT)
+    if count < 0:
+        return Invalid(errors.INVALID_RECORD, "count")
+    if count and last_offset_delta != count - 1:
+        return Invalid(errors.INVALID_RECORD, "offset_delta")
+    (attributes,) = struct.unpack_from(">h", batch, _ATTRIBUTES_AT)
+    if attributes & _COMPRESSION == 0 and not _records_fill(batch[_BATCH_HEAD:], count):
+        return Invalid(errors.INVALID_RECORD, "count")
+    return None
+
+
+def _records_fill(records: memoryview, count: int) -> bool:
+    """Uncompressed records: ``count`` of them, each its varint length long, end exactly at the batch's end."""
+    at, end = 0, len(records)
+    for _ in range(count):
+        length, at = _varint(records, at)
+        if length is None or length < 0 or at + length > end:
+            return False
+        at += length
+    return at == end
+
+
+def _varint(data: memoryview, at: int) -> tuple[int | None, int]:
+    """A zigzag varint (at most 5 bytes for an int32), and where it ends; None when it does not fit."""
+    value = shift = 0
+    for i in range(5):
+        if at + i >= len(data):
+            return None, at
+        byte = data[at + i]
+        value |= (byte & 0x7F) << shift
+        if not byte & 0x80:
+            return (value >> 1) ^ -(value & 1), at + i + 1
+        shift += 7
+    return None, at
+
+
+def _check_message(message: memoryview, magic: int) -> Invalid | None:
+    if len(message) - _MESSAGE_HEAD < _MESSAGE_MIN[magic]:
+        return Invalid(errors.INVALID_RECORD, "length")
+    (crc,) = _CRC.unpack_from(message, _MESSAGE_HEAD)
+    if zlib.crc32(message[_MESSAGE_HEAD + 4 :]) != crc:
+        return Invalid(errors.CORRUPT_MESSAGE, "crc")
+    return None
