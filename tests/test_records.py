@@ -97,6 +97,16 @@ def test_valid_message_sets_pass_and_any_checked_bit_flipped_is_caught(
     assert isinstance(check_records(bytes(flipped)), Invalid), f"bit {bit} (byte {bit // 8}) flipped and not caught"
 
 
+def _recrc(batch: bytes, last_offset_delta: int) -> bytes:
+    """A batch with another last offset delta and a CRC that matches again: only the framing is wrong."""
+    import crc32c
+
+    body = bytearray(batch)
+    body[23:27] = last_offset_delta.to_bytes(4, "big")
+    body[17:21] = crc32c.crc32c(bytes(body[21:])).to_bytes(4, "big")
+    return bytes(body)
+
+
 @pytest.mark.parametrize(
     ("mangle", "code", "reason"),
     [
@@ -104,6 +114,8 @@ def test_valid_message_sets_pass_and_any_checked_bit_flipped_is_caught(
         (lambda b: b + b"\x00" * 7, errors.INVALID_RECORD, "length"),  # trailing bytes that are no batch
         (lambda b: b[:16] + b"\x07" + b[17:], errors.INVALID_RECORD, "magic"),
         (lambda b: b[:20] + bytes([b[20] ^ 0x01]) + b[21:], errors.CORRUPT_MESSAGE, "crc"),
+        (lambda b: _recrc(b[:57] + (1000).to_bytes(4, "big") + b[61:], last_offset_delta=999), errors.INVALID_RECORD, "count"),
+        (lambda b: _recrc(b, last_offset_delta=3), errors.INVALID_RECORD, "offset_delta"),
     ],
 )
 def test_each_kind_of_damage_has_the_code_a_broker_answers(mangle: object, code: int, reason: str) -> None:

@@ -31,7 +31,11 @@ _ATTRIBUTES_AT = 21
 _LAST_OFFSET_DELTA_AT = 23
 _COUNT_AT = 57
 _COMPRESSION = 0x07
-_CONTROL = 0x20
+# The smallest record: length, attributes, timestamp delta, offset delta, key length,
+# value length and header count, one byte each. Walking every record's varints would
+# cost more than the CRC itself (0.5 ms per MB of 1 KiB records in Python); the CRC
+# already vouches for the bytes, this for the count.
+_RECORD_MIN = 7
 # Message (magic 0, 1): offset 8, size 4, then (size bytes) crc 4, magic 1, attributes 1,
 # [timestamp 8, magic 1 only], key length 4 and key, value length 4 and value.
 _MESSAGE_HEAD = 12
@@ -86,34 +90,9 @@ def _check_batch(batch: memoryview) -> Invalid | None:
     if count and last_offset_delta != count - 1:
         return Invalid(errors.INVALID_RECORD, "offset_delta")
     (attributes,) = struct.unpack_from(">h", batch, _ATTRIBUTES_AT)
-    if attributes & _COMPRESSION == 0 and not _records_fill(batch[_BATCH_HEAD:], count):
-        return Invalid(errors.INVALID_RECORD, "count")
+    if attributes & _COMPRESSION == 0 and count * _RECORD_MIN > len(batch) - _BATCH_HEAD:
+        return Invalid(errors.INVALID_RECORD, "count")  # more records declared than the bytes could hold
     return None
-
-
-def _records_fill(records: memoryview, count: int) -> bool:
-    """Uncompressed records: ``count`` of them, each its varint length long, end exactly at the batch's end."""
-    at, end = 0, len(records)
-    for _ in range(count):
-        length, at = _varint(records, at)
-        if length is None or length < 0 or at + length > end:
-            return False
-        at += length
-    return at == end
-
-
-def _varint(data: memoryview, at: int) -> tuple[int | None, int]:
-    """A zigzag varint (at most 5 bytes for an int32), and where it ends; None when it does not fit."""
-    value = shift = 0
-    for i in range(5):
-        if at + i >= len(data):
-            return None, at
-        byte = data[at + i]
-        value |= (byte & 0x7F) << shift
-        if not byte & 0x80:
-            return (value >> 1) ^ -(value & 1), at + i + 1
-        shift += 7
-    return None, at
 
 
 def _check_message(message: memoryview, magic: int) -> Invalid | None:
