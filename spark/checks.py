@@ -11,7 +11,10 @@ job (``spark/replay.py``) can run them on executors. For each exchange:
 - the recorded broker answers are merged again and compared with the
   recorded client response (payloads ignored when they were scrubbed);
 - the merged response lists every requested partition exactly once, in the
-  client's order, and names no backend broker.
+  client's order, and names no backend broker;
+- every record batch is checked as kfan checks a Produce's: a corrupt one a
+  client or a broker sent is a finding of its own (``peer_findings``), never a
+  kfan regression.
 
 The core under test is a parameter (:func:`check_exchange`'s ``core``): a
 :class:`Core`, whose ``replan`` turns a captured request into the
@@ -30,9 +33,10 @@ from typing import Any
 
 from proxy.capture.rows import CaptureRow
 from proxy.core.layout import Layout, TopicPartition
-from proxy.kafka import apis
+from proxy.kafka import apis, schema
 from proxy.kafka.frames import frame
 from proxy.kafka.headers import decode_request, decode_response, parse_request_header, request_head, response_body_offset
+from proxy.kafka.records import check_records
 
 Watermarks = tuple[int, int, int]  # high watermark, last stable offset, log start offset
 RecordedAnswers = Mapping[Any, bytes | None]  # broker -> the answer it gave (None: none recorded)
@@ -117,6 +121,8 @@ class Result:
     latency_ms: float
     fanout: int
     findings: list[Finding] = field(default_factory=list)
+    # What a client or a broker sent wrong (a corrupt record batch): reported on its own, never a kfan regression.
+    peer_findings: list[Finding] = field(default_factory=list)
 
     @property
     def regressed(self) -> bool:
@@ -213,6 +219,8 @@ def check_exchange(row: CaptureRow, core: Core = DEFAULT_CORE) -> Result:
     if found is None or response is None:
         return result
     req_layout, resp_layout = found
+    if not row.records_scrubbed:
+        _check_batches(result, row, req_layout, resp_layout)
     # The watermarks kfan reported: for a partition whose broker had not answered,
     # they came from the connection's memory, which the capture does not hold.
     watermarks = _reported_watermarks(response, api_key, api_version, resp_layout) if api_key == apis.FETCH else {}
@@ -277,3 +285,25 @@ def _check_partitions(result: Result, row: CaptureRow, req_layout: Layout, resp_
             if cl and cl.get("leader_id", -1) in leaders and cl.get("leader_id") != -1:
                 result.findings.append(Finding("no broker identity", f"current_leader names broker {cl['leader_id']}"))
                 return
+
+
+def _check_batches(result: Result, row: CaptureRow, req_layout: Layout, resp_layout: Layout) -> None:
+    """Every record batch of the exchange checked as kfan checks a Produce's: the client's
+    (Produce), and each broker's (Fetch answers, whose last batch may be cut short)."""
+    api_key, api_version = row.api_key, row.api_version
+    if api_key == apis.PRODUCE:
+        request = schema.decode_body(schema.request_spec(api_key, api_version), row.request, parse_request_header(row.request).body_offset)
+        for topic, partition in req_layout.entries(request):
+            if (bad := check_records(partition["records"])) is not None:
+                index = req_layout.partition_index(partition)
+                result.peer_findings.append(Finding("corrupt batch from client", f"{topic}-{index}: {bad.reason}"))
+    elif api_key == apis.FETCH:
+        answers = [(f"broker {b}", a) for b, _, a in row.subrequests if a is not None]
+        if row.imported and row.response is not None:
+            answers.append(("the broker", row.response))  # a tcpdump of direct traffic: the response is the broker's own
+        for who, answer in answers:
+            body = decode_response(answer, api_key, api_version)
+            for topic, partition in resp_layout.entries(body):
+                if (bad := check_records(partition["records"], partial_tail=True)) is not None:
+                    index = partition["partition_index"]
+                    result.peer_findings.append(Finding("corrupt batch from broker", f"{who}: {topic}-{index}: {bad.reason}"))

@@ -36,6 +36,7 @@ if TYPE_CHECKING:
     from spark.checks import Core
 
 EXAMPLES = 3
+PEER_EXAMPLES = 20  # corrupt batches from clients or brokers listed in the report
 LATENCY_BUCKETS_MS = [0.5, 1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, math.inf]
 
 
@@ -56,6 +57,7 @@ def _check_rows(rows: Iterable[Any], core: Core) -> Iterator[tuple[Any, ...]]:
             json.dumps([[f.check, f.detail] for f in r.findings]),
             d["conn_id"],
             d["correlation_id"],
+            json.dumps([[f.check, f.detail] for f in r.peer_findings]),
         )
 
 
@@ -95,6 +97,7 @@ def run(capture: str, report: Path, master: str | None = None, core: Core | None
                 StructField("findings", StringType()),
                 StructField("conn_id", StringType()),
                 StructField("correlation_id", IntegerType()),
+                StructField("peer_findings", StringType()),
             ]
         )
         results = spark.createDataFrame(exchanges.rdd.mapPartitions(partial(_check_rows, core=core or DEFAULT_CORE)), schema).cache()
@@ -113,6 +116,9 @@ def run(capture: str, report: Path, master: str | None = None, core: Core | None
             "n", F.row_number().over(Window.partitionBy("api_key", "api_version").orderBy("conn_id", "correlation_id"))
         )
         examples = ranked.filter(F.col("n") <= EXAMPLES).collect()
+        peers = results.filter(F.col("peer_findings") != "[]")
+        peer_count = peers.count()
+        peer_examples = peers.orderBy("conn_id", "correlation_id").limit(PEER_EXAMPLES).collect()
         fanout = results.groupBy("api_key", "fanout").count().orderBy("api_key", "fanout").collect()
         bucket = F.lit(len(LATENCY_BUCKETS_MS) - 1)
         for i, edge in reversed(list(enumerate(LATENCY_BUCKETS_MS[:-1]))):
@@ -128,6 +134,14 @@ def run(capture: str, report: Path, master: str | None = None, core: Core | None
         "apis": [],
         "fanout": [{"api_key": r["api_key"], "width": r["fanout"], "count": r["count"]} for r in fanout],
         "latency_histogram_ms": [{"le": LATENCY_BUCKETS_MS[r["bucket"]], "count": r["count"]} for r in latency],
+        # Corrupt batches a client or a broker sent: findings of their own, not kfan regressions.
+        "peer_findings": {
+            "exchanges": peer_count,
+            "examples": [
+                {"conn_id": e["conn_id"], "correlation_id": e["correlation_id"], "findings": json.loads(e["peer_findings"])}
+                for e in peer_examples
+            ],
+        },
     }
     for r in per_api:
         p = r["latency_ms_p50_p90_p99"] or [None, None, None]
@@ -195,9 +209,19 @@ def render_html(summary: dict[str, Any]) -> str:
 <p>{summary["exchanges"]} exchanges from <code>{html.escape(str(summary["capture"]))}</code></p>
 <table><tr><th>API</th><th>key</th><th>version</th><th>exchanges</th><th>regressions</th><th>p50 ms</th><th>p90 ms</th><th>p99 ms</th><th>first regressions</th></tr>
 {"".join(rows)}</table>
+{_peer_section(summary)}
 {_bars("Client latency (ts_end - ts_start)", latency)}
 {_bars("Fan-out width (sub-requests per exchange)", fanout)}
 </body></html>"""
+
+
+def _peer_section(summary: dict[str, Any]) -> str:
+    peers = summary.get("peer_findings") or {"exchanges": 0, "examples": []}
+    if not peers["exchanges"]:
+        return "<h2>Corrupt batches from clients or brokers</h2><p>none</p>"
+    lines = [f"{e['conn_id']}#{e['correlation_id']}: {e['findings']}" for e in peers["examples"]]
+    items = "".join(f"<li>{html.escape(line)}</li>" for line in lines)
+    return f"<h2>Corrupt batches from clients or brokers (not kfan regressions)</h2><p>{peers['exchanges']} exchanges</p><ul>{items}</ul>"
 
 
 def _fmt(v: float | None) -> str:
@@ -238,6 +262,12 @@ def main(argv: list[str] | None = None, core: Core | None = None) -> int:
     for a in summary["apis"]:
         for e in a["examples"]:
             print(f"  regressed: api_key {a['api_key']} v{a['api_version']} {e['conn_id']}#{e['correlation_id']}: {e['findings'][0]}")
+    peers = summary["peer_findings"]
+    if peers["exchanges"]:
+        print(f"kfan replay: {peers['exchanges']} exchanges carried corrupt batches from a client or broker (not kfan regressions):")
+        for e in peers["examples"]:
+            for check, detail in e["findings"]:
+                print(f"  {check}: {detail} ({e['conn_id']}#{e['correlation_id']})")
     return 1 if summary["regressions"] else 0
 
 

@@ -50,8 +50,12 @@ class Invalid:
     reason: str  # a short label: crc, length, magic, count, offset_delta
 
 
-def check_records(data: bytes | memoryview | None) -> Invalid | None:
-    """None when every batch or message in ``data`` is whole and its checksum matches."""
+def check_records(data: bytes | memoryview | None, *, partial_tail: bool = False) -> Invalid | None:
+    """None when every batch or message in ``data`` is whole and its checksum matches.
+
+    ``partial_tail``: ``data`` is a Fetch answer's, whose last batch a broker may cut short
+    at the request's byte budget; a cut batch at the end is not a fault there.
+    """
     if data is None or len(data) == 0:
         return None  # nothing to check; the broker answers an empty produce as it sees fit
     view = memoryview(data)
@@ -59,10 +63,12 @@ def check_records(data: bytes | memoryview | None) -> Invalid | None:
     end = len(view)
     while at < end:
         if end - at < _MESSAGE_HEAD + 5:
-            return Invalid(errors.INVALID_RECORD, "length")
+            return None if partial_tail else Invalid(errors.INVALID_RECORD, "length")
         (size,) = _LENGTH.unpack_from(view, at + 8)
-        if size < 5 or at + _MESSAGE_HEAD + size > end:  # 5: up to and with the magic byte
+        if size < 5:  # 5: up to and with the magic byte
             return Invalid(errors.INVALID_RECORD, "length")
+        if at + _MESSAGE_HEAD + size > end:
+            return None if partial_tail else Invalid(errors.INVALID_RECORD, "length")
         entry = view[at : at + _MESSAGE_HEAD + size]
         magic = entry[_MAGIC_AT]
         if magic == 2:
