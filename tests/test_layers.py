@@ -39,7 +39,7 @@ TOP = ("proxy.cli", "proxy.server", "proxy.connection", "proxy.forwarder", "prox
 
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("proxy", (STDLIB,)),  # the package itself: importing any proxy module runs it
-    ("proxy.kafka.*", (STDLIB, "kio.*", "proxy.kafka.*")),  # Kafka bytes
+    ("proxy.kafka.*", (STDLIB, "kio.*", "crc32c", "proxy.kafka.*")),  # Kafka bytes (and their checksum)
     ("proxy.core.*", (STDLIB, "kio.*", "proxy.kafka.*", "proxy.core.*")),  # the sans-IO core
     ("proxy.security.*", (STDLIB, THIRD_PARTY, "proxy.security.*")),  # TLS contexts, SASL exchanges, users, tokens
     ("backends.*", (STDLIB, THIRD_PARTY, *SHARED, "proxy.budget", "proxy.security.*", "backends.*")),  # the broker side
@@ -181,7 +181,7 @@ def test_the_checker_reports_forbidden_imports_and_cycles() -> None:
         "backends.link -> proxy.server (backends.* may import only stdlib, third-party, proxy.kafka.*, proxy.core.*, proxy.metrics, proxy.budget, proxy.security.*, backends.*)",
         "proxy.cli -> tests.support (nothing under proxy/, backends/, spark/ imports tests)",
         "proxy.core.y -> backends.link (proxy.core.* may import only stdlib, kio.*, proxy.kafka.*, proxy.core.*)",
-        "proxy.kafka.x -> trio (proxy.kafka.* may import only stdlib, kio.*, proxy.kafka.*)",
+        "proxy.kafka.x -> trio (proxy.kafka.* may import only stdlib, kio.*, crc32c, proxy.kafka.*)",
         "proxy.stray -> * (module in no row of LAYERS)",
     ]
     assert cycles(graph) == [
