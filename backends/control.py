@@ -11,12 +11,10 @@ from typing import Any
 
 import trio
 
-from proxy.core import SubRequest
 from proxy.core.topology import Topology
 from proxy.kafka import apis, schema
-from proxy.kafka.headers import request_header_tail
 
-from .link import CLIENT_ID, Link, LinkError
+from .link import Link, LinkError, own_request
 from .reads import read_api_versions, read_metadata
 from .transport import BrokerSecurity
 
@@ -75,12 +73,8 @@ class ControlLinks:
             if b is None:
                 raise LinkError(f"broker {broker} is not in the topology")
             address = (b.host, b.port)
-        tail = [
-            request_header_tail(api_key, version, CLIENT_ID),
-            *schema.encode_body(spec := schema.request_spec(api_key, version), {**spec.blank(), **body}),
-        ]
         link = self._link(broker, *address)
-        pending = link.submit(SubRequest(api_key, version, tail, True))
+        pending = link.submit(own_request(api_key, version, body))
         try:
             with trio.fail_after(self.request_timeout):
                 return await pending.wait()

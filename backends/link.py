@@ -48,6 +48,16 @@ Call = Callable[[int, int, Mapping[str, Any]], Awaitable[bytes]]
 """One request of kfan's own on a link (api key, version, body) and its answer's payload."""
 
 Authenticate = Callable[[Call], Awaitable[float | None]]
+
+
+def own_request(api_key: int, version: int, body: Mapping[str, Any]) -> SubRequest:
+    """A request of kfan's own (control plane, SASL login): its client id, the body over the schema's blanks."""
+    spec = schema.request_spec(api_key, version)
+    return SubRequest(
+        api_key, version, [request_header_tail(api_key, version, CLIENT_ID), *schema.encode_body(spec, {**spec.blank(), **body})], True
+    )
+
+
 """Logs a link in over ``Call``; the session lifetime granted, in seconds (None: unlimited)."""
 
 # Log in again this far into a session: early enough for a slow broker, as Kafka's clients do.
@@ -231,11 +241,7 @@ class Link:
         pending = Pending()
         pending.broker = self.broker_id
         cid = self._correlations.add(pending)
-        spec = schema.request_spec(api_key, version)
-        tail = schema.encode_body(spec, {**spec.blank(), **body})
-        await stream.send_all(
-            frame([request_head(api_key, version), _CID.pack(cid), request_header_tail(api_key, version, CLIENT_ID), *tail])
-        )
+        await stream.send_all(frame([request_head(api_key, version), _CID.pack(cid), *own_request(api_key, version, body).tail]))
         return await pending.wait()
 
     async def _receive(self, stream: trio.abc.Stream) -> None:

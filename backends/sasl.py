@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import Any
 
 from proxy import metrics
 from proxy.kafka import apis, errors
@@ -71,7 +70,7 @@ class SaslLogin:
         handshake = self._versions.get(apis.SASL_HANDSHAKE)
         if handshake is None or handshake[1] < 1:
             raise AuthenticationFailed(self.broker, mechanism, f"the broker serves SaslHandshake {handshake}, kfan needs v1")
-        answer = _decode(await call(apis.SASL_HANDSHAKE, 1, {"mechanism": mechanism}), apis.SASL_HANDSHAKE, 1)
+        answer = decode_response(await call(apis.SASL_HANDSHAKE, 1, {"mechanism": mechanism}), apis.SASL_HANDSHAKE, 1)
         if answer["error_code"] != 0:
             offered = ", ".join(answer["mechanisms"] or []) or "none"
             raise AuthenticationFailed(
@@ -86,7 +85,7 @@ class SaslLogin:
         message: bytes | None = exchange.first()
         while True:
             assert message is not None
-            answer = _decode(await call(apis.SASL_AUTHENTICATE, version, {"auth_bytes": message}), apis.SASL_AUTHENTICATE, version)
+            answer = decode_response(await call(apis.SASL_AUTHENTICATE, version, {"auth_bytes": message}), apis.SASL_AUTHENTICATE, version)
             if answer["error_code"] != 0:
                 reason = answer["error_message"] or f"error {answer['error_code']}"
                 raise AuthenticationFailed(self.broker, mechanism, reason, answer["error_code"])
@@ -97,7 +96,3 @@ class SaslLogin:
             if message is None:
                 lifetime_ms = answer.get("session_lifetime", 0) or 0
                 return lifetime_ms / 1000 if lifetime_ms > 0 else None
-
-
-def _decode(payload: bytes, api_key: int, version: int) -> dict[str, Any]:
-    return decode_response(payload, api_key, version)

@@ -91,11 +91,11 @@ def security_from(options: Mapping[str, Any]) -> Security:
 def _client_auth(o: Mapping[str, Any], carry: bool) -> ClientAuthConfig:
     users = None
     if o["client_users"] is not None:
-        watched_users = WatchedFile(o["client_users"], Users.load, on_error=_reload_failed)
+        watched_users = WatchedFile(o["client_users"], Users.load)
         users = watched_users.value
     tokens = None
     if o["client_oauth_jwks"] is not None:
-        jwks = WatchedFile(o["client_oauth_jwks"], load_jwks, on_error=_reload_failed)
+        jwks = WatchedFile(o["client_oauth_jwks"], load_jwks)
         tokens = TokenValidator(
             jwks.value, issuer=o["client_oauth_issuer"], audience=o["client_oauth_audience"], leeway=o["client_oauth_clock_skew"]
         )
@@ -128,7 +128,3 @@ def _client_auth(o: Mapping[str, Any], carry: bool) -> ClientAuthConfig:
         )
     authenticator = Authenticator(mechanisms, users=users, tokens=tokens, check_users=users is not None)
     return ClientAuthConfig(authenticator, o["client_session_lifetime"], o["client_auth_failure_delay"], carry)
-
-
-def _reload_failed(path: Any, e: Exception) -> None:
-    log.warning("cannot load %s, keeping its previous version: %s", path, e)

@@ -37,7 +37,7 @@ from kio.schema.fetch.v12.request import FetchPartition, FetchRequest, FetchTopi
 from kio.schema.metadata.v12.request import MetadataRequest, MetadataRequestTopic
 from kio.schema.produce.v9.request import PartitionProduceData, ProduceRequest, TopicProduceData
 
-from backends.control import CLIENT_ID as KFAN_CLIENT_ID
+from backends.link import CLIENT_ID as KFAN_CLIENT_ID
 from backends.mock import MockCluster
 from proxy.kafka import apis, errors, schema
 from proxy.kafka.headers import response_body_offset

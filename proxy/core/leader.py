@@ -78,12 +78,19 @@ def split(
     refuse = refuse or {}
 
     def leader(key: TopicKey, partition: int) -> int | None:
-        if (key, partition) in refuse:
-            return None
         name = topic_name(topology, key)
         return None if name is None else topology.leader(name, partition)
 
-    by_leader, unroutable = layout.split(request, request_layout, leader)
+    if refuse:
+
+        def leader_unless_refused(key: TopicKey, partition: int) -> int | None:
+            return None if (key, partition) in refuse else leader(key, partition)
+
+        route_to = leader_unless_refused
+    else:
+        route_to = leader
+
+    by_leader, unroutable = layout.split(request, request_layout, route_to)
     out = LeaderSplit(request, request_layout, response_layout, by_leader)  # type: ignore[arg-type]
     for tp in unroutable:
         if tp in refuse:

@@ -5,18 +5,11 @@ when it changes, so every login uses what is on disk now.
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable
 from pathlib import Path
 
 from .files import WatchedFile, read_secret
 from .sasl import Credentials
-
-log = logging.getLogger("kfan.security")
-
-
-def _reread_failed(path: Path, e: Exception) -> None:
-    log.warning("cannot read %s, logging in with its previous contents: %r", path, e)
 
 
 def configured_credentials(
@@ -31,12 +24,12 @@ def configured_credentials(
     if mechanism == "OAUTHBEARER":
         if token_file is None:
             raise ValueError("--broker-sasl-mechanism OAUTHBEARER needs --broker-sasl-token-file")
-        token = WatchedFile(token_file, read_secret, on_error=_reread_failed)
+        token = WatchedFile(token_file, read_secret)
         return lambda: Credentials(mechanism, username or "", token=token.value())
     if not username:
         raise ValueError(f"--broker-sasl-mechanism {mechanism} needs --broker-sasl-username")
     if password_file is not None:
-        secret = WatchedFile(password_file, read_secret, on_error=_reread_failed)
+        secret = WatchedFile(password_file, read_secret)
         return lambda: Credentials(mechanism, username, password=secret.value())
     if password is None:
         raise ValueError(f"--broker-sasl-mechanism {mechanism} needs --broker-sasl-password-file or KFAN_BROKER_SASL_PASSWORD")

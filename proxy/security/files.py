@@ -5,6 +5,7 @@ Kubernetes Secret swaps a symlink), without a restart.
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from collections.abc import Callable
@@ -12,6 +13,7 @@ from pathlib import Path
 from typing import Generic, TypeVar
 
 T = TypeVar("T")
+log = logging.getLogger("kfan.security")
 
 # A change is noticed at most this long after it happened; no stat per request.
 CHECK_INTERVAL = 1.0
@@ -20,14 +22,13 @@ CHECK_INTERVAL = 1.0
 class WatchedFile(Generic[T]):
     """``value()``: ``load(path)``, loaded again when the file's identity, size or mtime changes.
 
-    A file that fails to load after a change keeps the last good value (logged
-    by the caller through ``on_error``); one that never loaded raises.
+    A file that fails to load after a change keeps the last good value, and
+    says so in the log; one that never loaded raises.
     """
 
-    def __init__(self, path: Path | str, load: Callable[[Path], T], *, on_error: Callable[[Path, Exception], None] | None = None) -> None:
+    def __init__(self, path: Path | str, load: Callable[[Path], T]) -> None:
         self.path = Path(path)
         self._load = load
-        self._on_error = on_error
         self._stamp: tuple[int, int, int, int] | None = None
         self._checked_at = -float("inf")
         self._value: T | None = None
@@ -52,8 +53,7 @@ class WatchedFile(Generic[T]):
         except Exception as e:
             if not self._loaded:
                 raise
-            if self._on_error is not None:
-                self._on_error(self.path, e)
+            log.warning("cannot load %s, keeping its previous version: %r", self.path, e)
         return self._value  # type: ignore[return-value]
 
     @property

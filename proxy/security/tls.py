@@ -37,7 +37,7 @@ class _WatchedContext:
 
     def __init__(self, files: list[Path | None], build: Callable[[], ssl.SSLContext]) -> None:
         self._build = build
-        self._watched = [WatchedFile(p, lambda p: p.read_bytes(), on_error=_reload_failed) for p in files if p is not None]
+        self._watched = [WatchedFile(p, lambda p: p.read_bytes()) for p in files if p is not None]
         self._stamps: list[Any] = []
         self._context: ssl.SSLContext | None = None
         self.context()
@@ -73,10 +73,6 @@ class BrokerTLS(_WatchedContext):
 
     def __init__(self, ca: Path | None = None, cert: Path | None = None, key: Path | None = None) -> None:
         super().__init__([ca, cert, key], lambda: broker_context(ca, cert, key))
-
-
-def _reload_failed(path: Path, e: Exception) -> None:
-    log.warning("TLS: cannot read %s, keeping the previous certificates: %r", path, e)
 
 
 def broker_context(ca: Path | None = None, cert: Path | None = None, key: Path | None = None) -> ssl.SSLContext:

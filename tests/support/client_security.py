@@ -62,26 +62,20 @@ class ClientSecurity:
         if self.cert is not None:
             conf["ssl_certfile"] = str(self.cert)
             conf["ssl_keyfile"] = str(self.key)
-        if self.mechanism is not None:
-            conf["sasl_mechanism"] = self.mechanism
-            if self.mechanism == "OAUTHBEARER":
-                try:  # kafka-python 3 moved it
-                    from kafka.net.sasl.oauth import AbstractTokenProvider
-                except ImportError:
-                    from kafka.sasl.oauth import AbstractTokenProvider
+        if self.mechanism == "OAUTHBEARER":
+            try:  # kafka-python 3 moved it
+                from kafka.net.sasl.oauth import AbstractTokenProvider
+            except ImportError:
+                from kafka.sasl.oauth import AbstractTokenProvider
+            token = self.token
 
-                token = self.token
-                assert token is not None
+            class Provider(AbstractTokenProvider):  # type: ignore[misc]
+                def token(self) -> str:
+                    assert token is not None
+                    return token()
 
-                class Provider(AbstractTokenProvider):  # type: ignore[misc]
-                    def token(self) -> str:
-                        return token()
-
-                conf["sasl_oauth_token_provider"] = Provider()
-            else:
-                conf["sasl_plain_username"] = self.username
-                conf["sasl_plain_password"] = self.password
-        return conf
+            return conf | self._python_sasl(Provider())
+        return conf | self._python_sasl(None)
 
     def aiokafka(self) -> dict[str, Any]:
         conf: dict[str, Any] = {"security_protocol": self.protocol}
@@ -93,23 +87,26 @@ class ClientSecurity:
                 certfile=str(self.cert) if self.cert else None,
                 keyfile=str(self.key) if self.key else None,
             )
-        if self.mechanism is not None:
-            conf["sasl_mechanism"] = self.mechanism
-            if self.mechanism == "OAUTHBEARER":
-                from aiokafka.abc import AbstractTokenProvider
+        if self.mechanism == "OAUTHBEARER":
+            from aiokafka.abc import AbstractTokenProvider
 
-                token = self.token
-                assert token is not None
+            token = self.token
 
-                class Provider(AbstractTokenProvider):  # type: ignore[misc]
-                    async def token(self) -> str:
-                        return token()
+            class Provider(AbstractTokenProvider):  # type: ignore[misc]
+                async def token(self) -> str:
+                    assert token is not None
+                    return token()
 
-                conf["sasl_oauth_token_provider"] = Provider()
-            else:
-                conf["sasl_plain_username"] = self.username
-                conf["sasl_plain_password"] = self.password
-        return conf
+            return conf | self._python_sasl(Provider())
+        return conf | self._python_sasl(None)
+
+    def _python_sasl(self, token_provider: Any) -> dict[str, Any]:
+        """The SASL settings kafka-python and aiokafka name alike; ``token_provider`` each library's own kind."""
+        if self.mechanism is None:
+            return {}
+        if self.mechanism == "OAUTHBEARER":
+            return {"sasl_mechanism": self.mechanism, "sasl_oauth_token_provider": token_provider}
+        return {"sasl_mechanism": self.mechanism, "sasl_plain_username": self.username, "sasl_plain_password": self.password}
 
 
 PLAINTEXT = ClientSecurity()
