@@ -13,14 +13,14 @@ from proxy.kafka import schema
 from proxy.kafka.wire import Malformed, Reader
 from tests.support.kio_oracle import kio_encode
 
-ALL = [(k, v) for k in sorted(schema.API_NAMES) if (vr := schema.known_versions(k)) for v in vr]
+ALL = [(k, v) for k in sorted(schema.API_NAMES) if (vr := schema.kio_versions(k)) for v in vr]
 
 
 @pytest.mark.parametrize("api_key", sorted({k for k, _ in ALL}))
 @settings(max_examples=10, suppress_health_check=list(HealthCheck), deadline=None)
 @given(data=st.data())
 def test_decode_then_encode_is_byte_exact(api_key: int, data: st.DataObject) -> None:
-    versions = schema.known_versions(api_key)
+    versions = schema.kio_versions(api_key)
     assert versions is not None
     version = data.draw(st.sampled_from(list(versions)))
     for load, spec_of in ((load_request_schema, schema.request_spec), (load_response_schema, schema.response_spec)):

@@ -60,4 +60,4 @@ def api_name(api_key: int) -> str:
     """Kafka's own name for an API (from its message schema), e.g. "Fetch"."""
     versions = known_versions(api_key)
     assert versions is not None
-    return load_request_schema(api_key, versions.start).__name__.removesuffix("Request")
+    return load_request_schema(api_key, versions.stop - 1).__name__.removesuffix("Request")

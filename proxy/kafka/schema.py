@@ -16,12 +16,15 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import json
+import re
 import types
 import typing
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
+from importlib import resources
 from typing import Any
 
 from kio.index import load_request_schema, load_response_schema
@@ -46,6 +49,9 @@ class FieldSpec:
     has_default: bool
     struct: StructSpec | None  # element struct for struct and struct-array fields
     zero: Any  # the value a synthesized entry gets when the schema has no default
+    kafka_type: str | None  # kio's name of the primitive type (of the elements, for arrays); None for structs
+    array: bool
+    nullable: bool
 
 
 @dataclass(frozen=True, slots=True)
@@ -189,54 +195,88 @@ def _to_plain(v: Any) -> Any:
     return v
 
 
+def _field(
+    owner: str,
+    name: str,
+    kafka_type: str | None,
+    *,
+    flexible: bool,
+    nullable: bool,
+    array: bool,
+    sub: StructSpec | None,
+    default: Any,
+    has_default: bool,
+    tag: int | None = None,
+) -> tuple[FieldSpec, int]:
+    """One field's codec and its least size on the wire.
+
+    ``sub`` is the struct of a struct or struct-array field; ``kafka_type``
+    that of a primitive or primitive-array one.
+    """
+    if array:
+        if sub is not None:
+            er, ew, emin = sub.decode, sub.encode, sub.min_size
+        else:
+            assert kafka_type is not None, (owner, name)
+            er, ew, emin = _prim(kafka_type, flexible, False)
+        read, write = _array(er, ew, emin, flexible, nullable, f"{owner}.{name}")
+        size = 1 if flexible else 4
+    elif sub is not None:
+        read, write, size = sub.decode, sub.encode, sub.min_size
+        if nullable:
+            read, write = _nullable_struct(sub)
+            size = 1
+    else:
+        assert kafka_type is not None, (owner, name)
+        read, write, size = _prim(kafka_type, flexible, nullable)
+    if kafka_type == "datetime_i64" and has_default and default is None:
+        default = -1  # kio models the wire's -1 ("no timestamp") as None
+    zero = _zero(array, kafka_type, nullable, sub)
+    return FieldSpec(
+        name, tag, read, write, default, has_default, sub, zero, None if sub is not None else kafka_type, array, nullable
+    ), size
+
+
+def _struct(name: str, flexible: bool, fields: list[tuple[FieldSpec, int]]) -> StructSpec:
+    untagged = tuple(f for f, _ in fields if f.tag is None)
+    tagged = {f.tag: f for f, _ in fields if f.tag is not None}
+    min_size = (1 if flexible else 0) + sum(size for f, size in fields if f.tag is None)
+    return StructSpec(name, flexible, untagged, dict(sorted(tagged.items())), min_size)
+
+
 @cache
 def compile_struct(cls: type) -> StructSpec:
+    """The codec of one kio message or struct dataclass."""
     flexible = bool(getattr(cls, "__flexible__", False))
     hints = typing.get_type_hints(cls)
-    fields: list[FieldSpec] = []
-    tagged: dict[int, FieldSpec] = {}
-    min_size = 1 if flexible else 0
+    fields: list[tuple[FieldSpec, int]] = []
     for f in dataclasses.fields(cls):
         tp, nullable = _unwrap_optional(hints[f.name])
         tag = f.metadata.get("tag")
-        kafka_type = f.metadata.get("kafka_type")
-        sub: StructSpec | None = None
-        if typing.get_origin(tp) is tuple:
-            elem = typing.get_args(tp)[0]
-            elem, _ = _unwrap_optional(elem)
-            if dataclasses.is_dataclass(elem):
-                sub = compile_struct(elem)
-                er, ew, emin = sub.decode, sub.encode, sub.min_size
-            else:
-                assert kafka_type is not None, (cls, f.name)
-                er, ew, emin = _prim(kafka_type, flexible, False)
-            read, write = _array(er, ew, emin, flexible, nullable, f"{cls.__name__}.{f.name}")
-            size = 1 if flexible else 4
-        elif dataclasses.is_dataclass(tp):
-            sub = compile_struct(tp)
-            read, write = sub.decode, sub.encode
-            size = sub.min_size
-            if nullable:
-                read, write = _nullable_struct(sub)
-                size = 1
-        else:
-            assert kafka_type is not None, (cls, f.name)
-            read, write, size = _prim(kafka_type, flexible, nullable)
+        array = typing.get_origin(tp) is tuple
+        if array:
+            tp, _ = _unwrap_optional(typing.get_args(tp)[0])
+        sub = compile_struct(tp) if dataclasses.is_dataclass(tp) else None
         default, has_default = _field_default(f)
-        if kafka_type == "datetime_i64" and has_default and default is None:
-            default = -1  # kio models the wire's -1 ("no timestamp") as None
-        zero = _zero(tp, kafka_type, nullable, sub)
-        spec = FieldSpec(f.name, tag, read, write, default, has_default, sub, zero)
-        if tag is None:
-            fields.append(spec)
-            min_size += size
-        else:
-            tagged[int(tag)] = spec
-    return StructSpec(cls.__name__, flexible, tuple(fields), dict(sorted(tagged.items())), min_size)
+        fields.append(
+            _field(
+                cls.__name__,
+                f.name,
+                f.metadata.get("kafka_type"),
+                flexible=flexible,
+                nullable=nullable,
+                array=array,
+                sub=sub,
+                default=default,
+                has_default=has_default,
+                tag=None if tag is None else int(tag),
+            )
+        )
+    return _struct(cls.__name__, flexible, fields)
 
 
-def _zero(tp: Any, kafka_type: str | None, nullable: bool, sub: StructSpec | None) -> Any:
-    if typing.get_origin(tp) is tuple:
+def _zero(array: bool, kafka_type: str | None, nullable: bool, sub: StructSpec | None) -> Any:
+    if array:
         return []
     if sub is not None:
         return None if nullable else sub.blank()
@@ -325,12 +365,80 @@ def _encode_struct(spec: StructSpec, w: Writer, value: Struct) -> None:
             w.raw(body)
 
 
+# --- versions Kafka 4 removed ----------------------------------------------
+#
+# kio carries Kafka 4's schemas, which dropped the oldest versions of a dozen
+# APIs (KIP-896) that brokers up to 3.9 still serve and older clients still
+# send. Those versions come from Kafka 3.9's definitions, restated as data in
+# removed_versions.json (its "notation" entry says how to read it).
+
+_FIELD = re.compile(r"(?P<name>\w+) (?P<type>\[\]\w*|\w+)(?P<null>\?)?(?: v(?P<lo>\d+)(?P<hi>\+|-\d+)?)?(?: =(?P<default>\S+))?")
+
+
+@cache
+def _removed_apis() -> dict[int, dict[str, Any]]:
+    text = resources.files(__package__).joinpath("removed_versions.json").read_text(encoding="utf-8")
+    return {int(k): v for k, v in json.loads(text)["apis"].items()}
+
+
+def _removed_range(api_key: int) -> range | None:
+    api = _removed_apis().get(api_key)
+    if api is None:
+        return None
+    lo, hi = api["versions"].split("-")
+    return range(int(lo), int(hi) + 1)
+
+
+def _in_version(m: re.Match[str], version: int) -> bool:
+    if m["lo"] is None:
+        return True
+    lo = int(m["lo"])
+    hi = 1 << 15 if m["hi"] == "+" else lo if m["hi"] is None else int(m["hi"][1:])
+    return lo <= version <= hi
+
+
+def _removed_struct(owner: str, entries: list[Any], version: int) -> StructSpec:
+    fields: list[tuple[FieldSpec, int]] = []
+    for entry in entries:
+        head, children = next(iter(entry.items())) if isinstance(entry, dict) else (entry, None)
+        m = _FIELD.fullmatch(head)
+        if m is None:
+            raise ValueError(f"removed_versions.json: cannot read {head!r} in {owner}")
+        if not _in_version(m, version):
+            continue
+        array = m["type"].startswith("[]")
+        kafka_type = m["type"].removeprefix("[]") or None
+        sub = None if children is None else _removed_struct(m["name"].title().replace("_", ""), children, version)
+        has_default = m["default"] is not None
+        default = json.loads(m["default"]) if has_default else None
+        spec = _field(
+            owner,
+            m["name"],
+            kafka_type,
+            flexible=False,
+            nullable=bool(m["null"]),
+            array=array,
+            sub=sub,
+            default=default,
+            has_default=has_default,
+        )
+        fields.append(spec)
+    return _struct(owner, False, fields)
+
+
+@cache
+def removed_version_spec(api_key: int, version: int, kind: str) -> StructSpec:
+    """The codec of a version Kafka 4 removed; ``kind`` is "request" or "response"."""
+    api = _removed_apis()[api_key]
+    return _removed_struct(f"{api['name']}{kind.title()}", api[kind], version)
+
+
 # --- per-API lookup -------------------------------------------------------
 
 API_NAMES: dict[int, str] = dict(api_key_map)
 
 
-def known_versions(api_key: int) -> range | None:
+def kio_versions(api_key: int) -> range | None:
     """The contiguous version range kio has schemas for, or None."""
     name = api_key_map.get(api_key)
     if name is None:
@@ -341,19 +449,37 @@ def known_versions(api_key: int) -> range | None:
     return range(versions[0], versions[-1] + 1)
 
 
+def known_versions(api_key: int) -> range | None:
+    """Every version kfan has a schema for: kio's, and below them those Kafka 4 removed."""
+    kio = kio_versions(api_key)
+    removed = _removed_range(api_key)
+    if kio is None or removed is None:
+        return kio
+    return range(min(removed.start, kio.start), kio.stop)
+
+
+def _is_removed(api_key: int, version: int) -> bool:
+    kio = kio_versions(api_key)
+    return kio is not None and version < kio.start
+
+
 @cache
 def request_spec(api_key: int, version: int) -> StructSpec:
+    if _is_removed(api_key, version):
+        return removed_version_spec(api_key, version, "request")
     return compile_struct(load_request_schema(api_key, version))
 
 
 @cache
 def response_spec(api_key: int, version: int) -> StructSpec:
+    if _is_removed(api_key, version):
+        return removed_version_spec(api_key, version, "response")
     return compile_struct(load_response_schema(api_key, version))
 
 
 @cache
 def is_flexible(api_key: int, version: int) -> bool:
-    return bool(load_request_schema(api_key, version).__flexible__)
+    return request_spec(api_key, version).flexible
 
 
 def decode_body(spec: StructSpec, buf: Any, offset: int = 0, *, allow_trailing: bool = False, max_cost: int | None = None) -> Struct:
