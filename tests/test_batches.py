@@ -39,6 +39,7 @@ from proxy.core.topology import Topology
 from proxy.kafka import errors, schema
 from proxy.kafka.frames import frame
 from proxy.kafka.headers import parse_request_header, request_head, response_header
+from tests.support import oracle
 from tests.support.core_inputs import ALL_VERSIONS, BROKERS, IDENTITY, effects_of
 from tests.support.kio_oracle import kio_decode, kio_encode, request_payload
 
@@ -168,12 +169,12 @@ def test_batched_split_then_merge_keeps_every_entry_once_in_client_order(api_key
 def test_every_broker_answers_are_concatenated_in_broker_order(api_key: int, data: st.DataObject) -> None:
     lo, hi = ALL_VERSIONS[api_key]
     version = data.draw(st.integers(lo, hi), label="version")
-    entity = data.draw(st.from_type(load_request_schema(api_key, version)), label="request")
-    plan = plan_request(Context(IDENTITY, Topology(brokers=BROKERS), ALL_VERSIONS), request_payload(entity))
+    payload = oracle.payload(api_key, version, data.draw(oracle.bodies(api_key, version, "request"), label="request"))
+    plan = plan_request(Context(IDENTITY, Topology(brokers=BROKERS), ALL_VERSIONS), payload)
     assert isinstance(plan, Forward)
     assert sorted(plan.subs) == sorted(BROKERS)
     for sub in plan.subs.values():
-        assert b"".join(bytes(x) for x in sub.tail)[4:] == request_payload(entity)[8:][4:], "forwarded whole"
+        assert b"".join(bytes(x) for x in sub.tail)[4:] == payload[8:][4:], "forwarded whole"
     array = ROUTES[api_key].broadcast_array
     assert array is not None
     failed = data.draw(st.sets(st.sampled_from(sorted(BROKERS))), label="failed brokers")
@@ -183,8 +184,7 @@ def test_every_broker_answers_are_concatenated_in_broker_order(api_key: int, dat
     answers: dict[Any, Any] = {}
     expected: list[Any] = []
     for broker in sorted(BROKERS):
-        resp = data.draw(st.from_type(load_response_schema(api_key, version)), label=f"answer {broker}")
-        decoded = schema.decode_body(spec, kio_encode(resp))
+        decoded = schema.decode_body(spec, data.draw(oracle.bodies(api_key, version, "response"), label=f"answer {broker}"))
         if has_error:
             decoded["error_code"] = 0
         if broker in failed:
@@ -192,8 +192,9 @@ def test_every_broker_answers_are_concatenated_in_broker_order(api_key: int, dat
             continue
         expected.extend(decoded[array])
         answers[broker] = Response(response_header(api_key, version, 5) + b"".join(bytes(x) for x in schema.encode_body(spec, decoded)))
-    merged = kio_decode(load_response_schema(api_key, version), b"".join(bytes(p) for p in plan.merge(plan, answers).body))
-    out = schema.decode_body(spec, kio_encode(merged))
+    out = schema.decode_body(
+        spec, oracle.read_back(api_key, version, "response", b"".join(bytes(p) for p in plan.merge(plan, answers).body))
+    )
     assert out[array] == expected
     if has_error:
         assert out["error_code"] == (errors.COORDINATOR_NOT_AVAILABLE if failed else 0)

@@ -15,7 +15,6 @@ import time
 from typing import Any
 
 import pytest
-from kio.index import load_request_schema, load_response_schema
 
 from proxy.core import BrokerUnavailable, Failed, FetchForward, Forward, Response, Unsupported
 from proxy.core.fetch import answer_watermarks, satisfied
@@ -26,7 +25,7 @@ from proxy.kafka.headers import parse_request_header, response_body_offset
 from proxy.kafka.wire import Malformed
 from tests.fuzz import broker_answers, client_frames, mutate, sasl
 from tests.fuzz.harness import Broken, Tally, check
-from tests.support.kio_oracle import kio_decode
+from tests.support import oracle
 
 SEED = "pytest"
 
@@ -38,17 +37,17 @@ def _assert_clean(tally: Tally) -> None:
 # --- the fuzzers' starting points are valid ----------------------------------------------------
 
 
-def test_valid_requests_cover_every_advertised_version_and_kio_decodes_them() -> None:
+def test_valid_requests_cover_every_advertised_version_and_the_oracle_decodes_them() -> None:
     seen = set()
     for payload in mutate.valid_requests():
         hdr = parse_request_header(payload)
         seen.add((hdr.api_key, hdr.api_version))
-        kio_decode(load_request_schema(hdr.api_key, hdr.api_version), payload, hdr.body_offset)
+        oracle.read_back(hdr.api_key, hdr.api_version, "request", payload, hdr.body_offset)
     assert seen == {(k, v) for k, (lo, hi) in mutate.API_VERSIONS.items() for v in range(lo, hi + 1)}
     assert mutate.valid_requests() == mutate.valid_requests(), "deterministic"
 
 
-def test_valid_requests_plan_and_valid_answers_merge_into_responses_kio_decodes() -> None:
+def test_valid_requests_plan_and_valid_answers_merge_into_responses_the_oracle_decodes() -> None:
     merged = 0
     for payload in mutate.valid_requests():
         plan = client_frames.plan_frame(payload)
@@ -57,13 +56,13 @@ def test_valid_requests_plan_and_valid_answers_merge_into_responses_kio_decodes(
         answers = mutate.valid_answers(plan)
         for answer in answers.values():
             offset = response_body_offset(answer.payload, plan.header.api_key, plan.header.api_version)
-            kio_decode(load_response_schema(plan.header.api_key, plan.header.api_version), answer.payload, offset)
+            oracle.read_back(plan.header.api_key, plan.header.api_version, "response", answer.payload, offset)
         try:
             reply = broker_answers.merge(plan, answers, {})
         except BrokerUnavailable:
             continue
         body = b"".join(bytes(p) for p in reply.body)
-        kio_decode(load_response_schema(plan.header.api_key, plan.header.api_version), body)
+        oracle.read_back(plan.header.api_key, plan.header.api_version, "response", body)
         merged += 1
     assert merged > 300
 

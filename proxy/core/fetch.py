@@ -168,7 +168,12 @@ def _finish(
     # The merged response honours the client's budget, not N brokers' budgets.
     # Records beyond it are dropped whole; the consumer fetches them next time
     # from the same offset. The first non-empty partition always goes (KIP-74).
-    budget = request["max_bytes"]
+    # Before v3 there is no budget for the whole answer, only each partition's
+    # partition_max_bytes, which its broker applies (a message cut short at
+    # the end of a partition's bytes is the client's to handle, as it arrives).
+    budget = request.get("max_bytes")
+    if budget is None:
+        return seen
     used = 0
     for t in body[layout.topics]:
         for p in t[layout.partitions]:

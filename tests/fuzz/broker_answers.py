@@ -34,8 +34,6 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from kio.index import load_response_schema
-
 from proxy.core import (
     NOT_YET,
     BrokerAnswer,
@@ -165,7 +163,7 @@ def answer_bytes(kind: str, valid: bytes, api_key: int, version: int, rng: rando
         versions = schema.known_versions(api_key)
         assert versions is not None
         other = rng.choice(versions)
-        return encode_answer(api_key, other, Generator(rng, answer=True).message(load_response_schema(api_key, other)))
+        return encode_answer(api_key, other, Generator(rng, answer=True).message(schema.response_spec(api_key, other)))
     if kind == "header_only":
         return response_header(api_key, version, 9)
     assert kind == "empty", kind

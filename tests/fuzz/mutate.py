@@ -5,7 +5,8 @@ seed gives the same inputs, so every finding has a reproducer.
 
 * :func:`valid_requests` — request payloads (header + body, no size prefix)
   for every API key and version kfan advertises when the brokers allow
-  everything, built from Kafka's message schemas (kio's) and encoded with
+  everything, built from kfan's compiled message schemas (kio's, and
+  removed_versions.json for the versions Kafka 4 removed) and encoded with
   kfan's own encoder. Names point into :data:`TOPOLOGY` so that requests
   really split over its brokers.
 * :func:`valid_answers` — what brokers could validly answer the
@@ -32,15 +33,11 @@ from __future__ import annotations
 import dataclasses
 import random
 import struct
-import types
-import typing
 import uuid
 import zlib
 from collections.abc import Callable, Iterator
 from functools import cache
 from typing import Any
-
-from kio.index import load_request_schema, load_response_schema
 
 from proxy.core import (
     ROUTES,
@@ -68,6 +65,7 @@ from proxy.kafka.headers import (
     response_header,
     response_header_flexible,
 )
+from proxy.kafka.schema import FieldSpec, StructSpec
 from proxy.kafka.wire import Writer
 from tests.support.records import record_batch
 
@@ -143,25 +141,12 @@ ERROR_CODES = (0, 0, 0, 0, 0, 0, 3, 6, 15, 16, 74, 100, 7, 13)
 # --- values from the schemas -------------------------------------------------------------
 
 
-def _unwrap(tp: Any) -> tuple[Any, bool]:
-    if typing.get_origin(tp) in (types.UnionType, typing.Union):
-        args = typing.get_args(tp)
-        rest = [a for a in args if a is not type(None)]
-        if len(rest) == 1 and len(args) == 2:
-            return rest[0], True
-    return tp, False
-
-
 _FIXED_TYPES = frozenset(schema._FIXED)
 
 
-@cache
-def _hints(cls: type) -> dict[str, Any]:
-    return typing.get_type_hints(cls)
-
-
 class Generator:
-    """Random but schema-valid message dicts (kfan's decoded form) from kio's dataclasses.
+    """Random but schema-valid message dicts (kfan's decoded form) from kfan's compiled schemas
+    (kio's for the versions it has, removed_versions.json for the older ones).
 
     ``big`` makes the message's first top-level array that many entries long,
     with group and transaction names unique per entry (the shape of a huge
@@ -175,34 +160,37 @@ class Generator:
         self.lean = lean or bool(big)  # short nested arrays, strings and bytes
         self._serial = 0
 
-    def message(self, cls: type) -> dict[str, Any]:
-        return self._struct(cls, top=True)
+    def message(self, spec: StructSpec) -> dict[str, Any]:
+        return self._struct(spec, top=True)
 
-    def _struct(self, cls: type, top: bool = False) -> dict[str, Any]:
+    def _struct(self, spec: StructSpec, top: bool = False) -> dict[str, Any]:
         out: dict[str, Any] = {}
         big_done = not top or not self.big
-        for f in dataclasses.fields(cls):
-            if f.metadata.get("tag") is not None and self.rng.random() < 0.5:
+        for f in (*spec.fields, *spec.tagged.values()):
+            if f.tag is not None and self.rng.random() < 0.5:
                 continue  # tagged fields are optional on the wire
-            tp, nullable = _unwrap(_hints(cls)[f.name])
             length = None
-            if not big_done and typing.get_origin(tp) is tuple:
+            if not big_done and f.array:
                 length, big_done = self.big, True
-            out[f.name] = self._value(cls.__name__, f.name, tp, nullable, f.metadata.get("kafka_type"), length)
+            out[f.name] = self._value(spec.name, f, length)
         return out
 
-    def _value(self, owner: str, name: str, tp: Any, nullable: bool, kafka_type: str | None, length: int | None = None) -> Any:
+    def _value(self, owner: str, f: FieldSpec, length: int | None = None) -> Any:
         rng = self.rng
-        if nullable and length is None and kafka_type not in _FIXED_TYPES and rng.random() < 0.08:
-            return None  # only strings, bytes, arrays and structs have a null on the wire
-        if typing.get_origin(tp) is tuple:
-            elem, _ = _unwrap(typing.get_args(tp)[0])
+        # Only strings, bytes, arrays and structs have a null on the wire. A tagged
+        # field says null by its absence (and kio, the oracle, refuses a present null).
+        if f.nullable and f.tag is None and length is None and f.kafka_type not in _FIXED_TYPES and rng.random() < 0.08:
+            return None
+        if f.array:
             n = length if length is not None else rng.choice((0, 1) if self.lean else (0, 1, 1, 2, 2, 3, 4))
-            return [self._value(owner, name, elem, False, kafka_type) for _ in range(n)]
-        if dataclasses.is_dataclass(tp):
-            return self._struct(tp)  # type: ignore[arg-type]
-        assert kafka_type is not None, (owner, name)
-        return self._primitive(owner, name, kafka_type)
+            return [self._element(owner, f) for _ in range(n)]
+        return self._element(owner, f)
+
+    def _element(self, owner: str, f: FieldSpec) -> Any:
+        if f.struct is not None:
+            return self._struct(f.struct)
+        assert f.kafka_type is not None, (owner, f.name)
+        return self._primitive(owner, f.name, f.kafka_type)
 
     def _unique(self, base: str) -> str:
         self._serial += 1
@@ -282,7 +270,7 @@ def encode_request(api_key: int, version: int, body: dict[str, Any], correlation
 
 
 def request_body(api_key: int, version: int, rng: random.Random, big: int = 0) -> dict[str, Any]:
-    body = Generator(rng, big=big).message(load_request_schema(api_key, version))
+    body = Generator(rng, big=big).message(schema.request_spec(api_key, version))
     if api_key == apis.PRODUCE:
         # Whole record batches: random bytes would all be refused by the records check before any split.
         for topic in body["topic_data"]:
@@ -352,9 +340,8 @@ def sub_request_body(sub: SubRequest) -> dict[str, Any]:
 
 def answer_body(api_key: int, version: int, request: dict[str, Any], rng: random.Random, lean: bool = False) -> dict[str, Any]:
     """A valid answer to ``request``, naming what it names (``lean``: little besides)."""
-    cls = load_response_schema(api_key, version)
-    body = Generator(rng, answer=True, lean=lean).message(cls)
     spec = schema.response_spec(api_key, version)
+    body = Generator(rng, answer=True, lean=lean).message(spec)
     route = ROUTES.get(api_key)
     if route is not None and route.layout is not None:  # split by leader
         req_layout, resp_layout = layouts_of(route, version)
@@ -362,10 +349,10 @@ def answer_body(api_key: int, version: int, request: dict[str, Any], rng: random
         for t in request[req_layout.topics]:
             parts = []
             for p in t[req_layout.partitions]:
-                entry = _entry_like(cls, resp_layout.topics, resp_layout.partitions, rng, lean)
+                entry = _entry_like(spec, resp_layout.topics, resp_layout.partitions, rng, lean)
                 entry[resp_layout.index or "partition_index"] = req_layout.partition_index(p)
                 parts.append(entry)
-            topic = _entry_like(cls, resp_layout.topics, None, rng, lean)
+            topic = _entry_like(spec, resp_layout.topics, None, rng, lean)
             topic[resp_layout.topic_key] = t[req_layout.topic_key]
             topic[resp_layout.partitions] = parts
             topics.append(topic)
@@ -374,34 +361,27 @@ def answer_body(api_key: int, version: int, request: dict[str, Any], rng: random
     if batch is not None and batch.request_array in request and spec.has(batch.response_array):
         entries = []
         for e in request[batch.request_array] or []:
-            entry = _entry_like(cls, batch.response_array, None, rng, lean)
+            entry = _entry_like(spec, batch.response_array, None, rng, lean)
             entry[batch.response_key] = e if batch.request_key is None else e[batch.request_key]
             entries.append(entry)
         body[batch.response_array] = entries
     if api_key == apis.FIND_COORDINATOR and "coordinator_keys" in request and spec.has("coordinators"):
         coordinators = []
         for key in request["coordinator_keys"]:
-            entry = _entry_like(cls, "coordinators", None, rng, lean)
+            entry = _entry_like(spec, "coordinators", None, rng, lean)
             entry["key"] = key
             coordinators.append(entry)
         body["coordinators"] = coordinators
     return body
 
 
-def _element_class(cls: type, name: str) -> type:
-    """The kio dataclass of the elements of ``cls.name`` (an array of structs)."""
-    tp, _ = _unwrap(_hints(cls)[name])
-    if typing.get_origin(tp) is tuple:
-        tp, _ = _unwrap(typing.get_args(tp)[0])
-    assert dataclasses.is_dataclass(tp), (cls, name)
-    return tp  # type: ignore[return-value]
-
-
-def _entry_like(cls: type, array: str, nested: str | None, rng: random.Random, lean: bool = False) -> dict[str, Any]:
-    """A generated element of ``cls.array`` (or of its elements' ``nested`` array)."""
-    elem = _element_class(cls, array)
+def _entry_like(spec: StructSpec, array: str, nested: str | None, rng: random.Random, lean: bool = False) -> dict[str, Any]:
+    """A generated element of ``spec.array`` (or of its elements' ``nested`` array)."""
+    elem = spec.field(array).struct
     if nested is not None:
-        elem = _element_class(elem, nested)
+        assert elem is not None, (spec.name, array)
+        elem = elem.field(nested).struct
+    assert elem is not None, (spec.name, array, nested)
     return Generator(rng, answer=True, lean=lean).message(elem)
 
 
@@ -506,18 +486,15 @@ class Reshaper:
         self.rng = rng
         self.rate = rate
 
-    def struct(self, cls: type, value: dict[str, Any]) -> None:
+    def struct(self, spec: StructSpec, value: dict[str, Any]) -> None:
         rng = self.rng
-        for f in dataclasses.fields(cls):
+        for f in (*spec.fields, *spec.tagged.values()):
             if f.name not in value:
                 continue
-            tp, _ = _unwrap(_hints(cls)[f.name])
             v = value[f.name]
-            kafka_type = f.metadata.get("kafka_type")
-            if typing.get_origin(tp) is tuple:
+            if f.array:
                 if not isinstance(v, list):
                     continue
-                elem, _ = _unwrap(typing.get_args(tp)[0])
                 if v and rng.random() < self.rate:
                     op = rng.randrange(5)
                     if op == 0:
@@ -531,15 +508,15 @@ class Reshaper:
                     else:
                         v.extend(_clone(v))
                 for i, item in enumerate(v):
-                    if dataclasses.is_dataclass(elem) and isinstance(item, dict):
-                        self.struct(elem, item)  # type: ignore[arg-type]
-                    elif kafka_type is not None and rng.random() < self.rate / 2:
-                        v[i] = self.primitive(f.name, kafka_type, item)
-            elif dataclasses.is_dataclass(tp):
+                    if f.struct is not None and isinstance(item, dict):
+                        self.struct(f.struct, item)
+                    elif f.kafka_type is not None and rng.random() < self.rate / 2:
+                        v[i] = self.primitive(f.name, f.kafka_type, item)
+            elif f.struct is not None:
                 if isinstance(v, dict):
-                    self.struct(tp, v)  # type: ignore[arg-type]
-            elif kafka_type is not None and rng.random() < self.rate:
-                value[f.name] = self.primitive(f.name, kafka_type, v)
+                    self.struct(f.struct, v)
+            elif f.kafka_type is not None and rng.random() < self.rate:
+                value[f.name] = self.primitive(f.name, f.kafka_type, v)
 
     def primitive(self, name: str, kafka_type: str, v: Any) -> Any:
         rng = self.rng
@@ -561,7 +538,7 @@ def reshape_request(payload: bytes, rng: random.Random) -> bytes:
         body = schema.decode_body(schema.request_spec(hdr.api_key, hdr.api_version), payload, hdr.body_offset, allow_trailing=True)
     except Exception:
         return payload
-    Reshaper(rng).struct(load_request_schema(hdr.api_key, hdr.api_version), body)
+    Reshaper(rng).struct(schema.request_spec(hdr.api_key, hdr.api_version), body)
     return bytes(payload[: hdr.body_offset]) + _join(schema.encode_body(schema.request_spec(hdr.api_key, hdr.api_version), body))
 
 
@@ -570,7 +547,7 @@ def reshape_answer(api_key: int, version: int, payload: bytes, rng: random.Rando
     offset = response_body_offset(payload, api_key, version)
     spec = schema.response_spec(api_key, version)
     body = schema.decode_body(spec, payload, offset, allow_trailing=True)
-    Reshaper(rng).struct(load_response_schema(api_key, version), body)
+    Reshaper(rng).struct(spec, body)
     return bytes(payload[:offset]) + _join(schema.encode_body(spec, body))
 
 
