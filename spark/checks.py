@@ -3,7 +3,8 @@
 Pure functions over one :class:`~proxy.capture.rows.CaptureRow`, so the Spark
 job (``spark/replay.py``) can run them on executors. For each exchange:
 
-- every recorded frame decodes with kio (Kafka's schemas, independent of our codec);
+- every recorded frame decodes with kio (Kafka's schemas, independent of our
+  codec; the versions Kafka 4 removed, which kio lacks, by kfan's definitions);
 - no frame carries a second size prefix;
 - the client's response carries the request's correlation id;
 - partition-keyed requests are split again with the recorded topology and
@@ -37,6 +38,7 @@ from proxy.kafka import apis, schema
 from proxy.kafka.frames import frame
 from proxy.kafka.headers import decode_request, decode_response, parse_request_header, request_head, response_body_offset
 from proxy.kafka.records import check_records
+from proxy.kafka.wire import Reader
 
 Watermarks = tuple[int, int, int]  # high watermark, last stable offset, log start offset
 RecordedAnswers = Mapping[Any, bytes | None]  # broker -> the answer it gave (None: none recorded)
@@ -129,18 +131,29 @@ class Result:
         return bool(self.findings)
 
 
-def _kio_decodes(payload: bytes, api_key: int, api_version: int, response: bool, strict: bool) -> str | None:
+def _decodes(payload: bytes, api_key: int, api_version: int, response: bool, strict: bool) -> str | None:
+    """Does the message decode, by kio's schemas (an implementation other than kfan's)?
+
+    kio lacks the versions Kafka 4 removed; those are read with kfan's
+    definitions of them (tests/test_removed_versions.py pins those to
+    kafka-python's independent ones).
+    """
     from kio.index import load_request_schema, load_response_schema
     from kio.serial import entity_reader
 
+    from proxy.kafka import schema
+
     try:
-        if response:
-            cls = load_response_schema(api_key, api_version)
-            offset = response_body_offset(payload, api_key, api_version)
+        offset = response_body_offset(payload, api_key, api_version) if response else parse_request_header(payload).body_offset
+        kio = schema.kio_versions(api_key)
+        if kio is not None and api_version < kio.start:
+            spec = (schema.response_spec if response else schema.request_spec)(api_key, api_version)
+            r = Reader(payload, offset)
+            spec.decode(r)
+            size = r.pos - offset
         else:
-            cls = load_request_schema(api_key, api_version)
-            offset = parse_request_header(payload).body_offset
-        _, size = entity_reader(cls)(bytes(payload), offset)
+            cls = (load_response_schema if response else load_request_schema)(api_key, api_version)
+            _, size = entity_reader(cls)(bytes(payload), offset)
     except Exception as e:  # any failure to decode is the finding
         return f"{type(e).__name__}: {e}"
     if strict and offset + size != len(payload):
@@ -208,8 +221,8 @@ def check_exchange(row: CaptureRow, core: Core = DEFAULT_CORE) -> Result:
         if double_prefix(payload, api_key, api_version, response_to):
             add(Finding("one size prefix", f"{name} starts with its own length"))
             continue
-        if (err := _kio_decodes(payload, api_key, api_version, is_response, strict)) is not None:
-            add(Finding("kio decodes", f"{name}: {err}"))
+        if (err := _decodes(payload, api_key, api_version, is_response, strict)) is not None:
+            add(Finding("decodes", f"{name}: {err}"))
     if result.findings:
         return result
     hdr = parse_request_header(request)
