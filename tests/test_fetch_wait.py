@@ -52,12 +52,15 @@ def autojump_clock() -> trio.testing.MockClock:
 
 
 def fetch_plan(
-    partitions: tuple[int, ...] = (0, 1), min_bytes: int = 1, watermarks: Mapping[TopicPartition, Watermarks] | None = None
+    partitions: tuple[int, ...] = (0, 1),
+    min_bytes: int = 1,
+    watermarks: Mapping[TopicPartition, Watermarks] | None = None,
+    version: int = FETCH_V,
 ) -> FetchForward:
     parts = [{"partition": p, "fetch_offset": 0, "partition_max_bytes": 1 << 20} for p in partitions]
     body = {"max_wait": int(MAX_WAIT * 1000), "min_bytes": min_bytes, "max_bytes": 50 << 20, "session_id": 0, "session_epoch": -1}
     body["topics"] = [{"topic": TOPIC, "partitions": parts}]
-    payload = request_bytes(apis.FETCH, FETCH_V, body, correlation_id=3)
+    payload = request_bytes(apis.FETCH, version, body, correlation_id=3)
     ctx = Context(IDENTITY, TOPOLOGY, advertised_versions([]), watermarks=dict(watermarks or {}))
     plan = plan_request(ctx, payload)
     assert isinstance(plan, FetchForward)
@@ -324,3 +327,11 @@ async def test_gather_fetch_answers_not_yet_at_max_wait_and_grace(autojump_clock
         )
     assert answers == {2: NOT_YET} and used[2] is out
     assert trio.current_time() - start == pytest.approx(MAX_WAIT + GRACE)
+
+
+def test_a_sub_fetch_stands_in_only_for_fetches_of_its_own_version() -> None:
+    """An answer is read by its request's version: Fetch v0's lacks v1's throttle time, so a
+    v0 sub-fetch still out cannot answer the v1 Fetch that follows with the same partitions."""
+    assert fetch_plan(version=1).keys == fetch_plan(version=1).keys
+    v0, v1 = fetch_plan(version=0).keys, fetch_plan(version=1).keys
+    assert v0.keys() == v1.keys() and all(v0[d] != v1[d] for d in v0)

@@ -76,7 +76,7 @@ def plan(route: Route, ctx: Context, hdr: RequestHeader, payload: memoryview, re
         state=found,
         unknown_topics=found.unknown_topics(),
         min_bytes=request["min_bytes"],
-        keys={d: fetch_key(sub, found.request_layout) for d, sub in found.by_leader.items()},
+        keys={d: fetch_key(hdr.api_version, sub, found.request_layout) for d, sub in found.by_leader.items()},
         partitions={d: frozenset(found.request_layout.keys(sub)) for d, sub in found.by_leader.items()},
     )
     return forward if forward.subs else leader.unroutable_reply(forward)
@@ -89,11 +89,13 @@ def _session_error(hdr: RequestHeader) -> Parts:
     return encode_body(spec, body)
 
 
-def fetch_key(sub: Struct, layout: Layout) -> Hashable:
+def fetch_key(version: int, sub: Struct, layout: Layout) -> Hashable:
     """What a sub-fetch asks for, whatever the order of its partitions.
 
     Clients rotate partition order between Fetches for fairness; two
-    sub-fetches with equal keys get equal answers from the broker.
+    sub-fetches with equal keys get equal answers from the broker. The
+    version is part of it: an answer is read by its request's version (v0
+    lacks v1's throttle time, so the same fields differ on the wire).
     """
 
     def frozen(value: Any) -> Hashable:
@@ -105,7 +107,7 @@ def fetch_key(sub: Struct, layout: Layout) -> Hashable:
 
     partitions = frozenset((key, frozen(p)) for key, p in layout.entries(sub))
     rest = frozen({k: v for k, v in sub.items() if k != layout.topics})
-    return rest, partitions
+    return version, rest, partitions
 
 
 def merge(plan: FetchForward, answers: Answers) -> Reply:  # type: ignore[override]
