@@ -51,7 +51,7 @@ from kio.static.primitive import i8, i32, i32Timedelta, i64
 
 from backends.mock import MockCluster
 from proxy.core import ROUTES
-from proxy.kafka import apis
+from proxy.kafka import apis, schema
 from tests.support.kfan import Kfan
 from tests.support.rawclient import RawClient
 from tests.support.tansu import Tansu
@@ -486,6 +486,38 @@ def test_kafka_python_admin_through_kfan_matches_tansu(kfan_tansu: Kfan, tansu: 
     finally:
         via.close()
         direct.close()
+
+
+def _served_through_kfan(brokers: list[dict[int, tuple[int, int]]]) -> dict[int, tuple[int, int]]:
+    """Per routed API: every version kfan has a schema for that every broker serves (ApiVersions aside)."""
+    out = {}
+    for api_key in ROUTES:
+        known = schema.known_versions(api_key)
+        if api_key == apis.API_VERSIONS or known is None or any(api_key not in b for b in brokers):
+            continue
+        lo = max([known.start, *(b[api_key][0] for b in brokers)])
+        hi = min([known.stop - 1, *(b[api_key][1] for b in brokers)])
+        if lo <= hi:
+            out[api_key] = (lo, hi)
+    return out
+
+
+def test_kfan_advertises_every_version_the_embedded_cluster_serves(kfan: Kfan, cluster: MockCluster) -> None:
+    """Down to v0 where the brokers still serve what Kafka 4 removed: old clients that pin versions keep working."""
+    brokers = [_api_versions(cluster.brokers[b], 2) for b in sorted(cluster.brokers)]
+    advertised = _api_versions(kfan.address)
+    expected = _served_through_kfan(brokers)
+    assert {k: v for k, v in advertised.items() if k != apis.API_VERSIONS} == expected
+    for api_key in (apis.PRODUCE, apis.FETCH, apis.LIST_OFFSETS, apis.OFFSET_COMMIT, apis.OFFSET_FETCH):
+        assert advertised[api_key][0] == 0, (api_key, advertised[api_key])
+
+
+def test_kfan_advertises_every_version_tansu_serves(kfan_tansu: Kfan, tansu: Tansu) -> None:
+    broker = _api_versions(_host_port(tansu.bootstrap))
+    advertised = _api_versions(kfan_tansu.address)
+    assert {k: v for k, v in advertised.items() if k != apis.API_VERSIONS} == _served_through_kfan([broker])
+    for api_key in (apis.PRODUCE, apis.FETCH, apis.LIST_OFFSETS, apis.CREATE_TOPICS, apis.DESCRIBE_CONFIGS):
+        assert advertised[api_key][0] == 0, (api_key, advertised[api_key])
 
 
 def test_api_tansu_lacks_is_refused_as_tansu_refuses_it(kfan_tansu: Kfan, tansu: Tansu) -> None:

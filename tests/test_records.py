@@ -17,7 +17,6 @@ from confluent_kafka import Consumer, TopicPartition
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from kafka.record.default_records import DefaultRecordBatchBuilder
-from kafka.record.legacy_records import LegacyRecordBatchBuilder
 
 from backends.mock import MockCluster
 from proxy.kafka import errors
@@ -25,7 +24,7 @@ from proxy.kafka.records import Invalid, check_records
 from tests.support.kfan import Kfan, start_kfan
 from tests.support.metrics import http_get, metrics_port_in, parse_samples
 from tests.support.rawclient import RawClient
-from tests.support.records import produce_request, record_batch
+from tests.support.records import legacy_set, produce_request, record_batch
 
 # Bytes of a magic-2 batch header that no checksum or framing rule covers, in Kafka as here:
 # baseOffset (0-7) and partitionLeaderEpoch (12-15), which the broker assigns itself.
@@ -48,13 +47,6 @@ def v2_batch(records: list[tuple[bytes | None, bytes | None, int]], compression:
     )
     for offset, (key, value, timestamp) in enumerate(records):
         builder.append(offset, timestamp=timestamp, key=key, value=value, headers=[])
-    return bytes(builder.build())
-
-
-def legacy_set(records: list[tuple[bytes | None, bytes | None, int]], magic: int, compression: int) -> bytes:
-    builder = LegacyRecordBatchBuilder(magic=magic, compression_type=compression, batch_size=1 << 22)
-    for offset, (key, value, timestamp) in enumerate(records):
-        builder.append(offset, timestamp=timestamp if magic else None, key=key, value=value)
     return bytes(builder.build())
 
 

@@ -88,9 +88,18 @@ def oracle_round_trip(api_key: int, version: int, kind: str, body: bytes | memor
 
     Raises (ValueError, struct.error) when the bytes are not a whole message by the oracle.
     """
-    s = old_schema(api_key, version, kind)
-    buf = io.BytesIO(bytes(body))
-    value = s.decode(buf)
+    return encode(api_key, version, kind, decode(api_key, version, kind, bytes(body)))
+
+
+def encode(api_key: int, version: int, kind: str, value: tuple[Any, ...]) -> bytes:
+    """kafka-python's encoding of ``value`` (its fields in schema order, arrays as lists)."""
+    return old_schema(api_key, version, kind).encode(value)  # type: ignore[no-any-return]
+
+
+def decode(api_key: int, version: int, kind: str, body: bytes) -> tuple[Any, ...]:
+    """kafka-python's reading of a whole message body (fields in schema order)."""
+    buf = io.BytesIO(body)
+    value = old_schema(api_key, version, kind).decode(buf)
     if buf.read(1):
         raise ValueError("bytes after the message")
-    return s.encode(value)
+    return value  # type: ignore[no-any-return]

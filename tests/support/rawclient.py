@@ -1,7 +1,8 @@
 """A raw Kafka client for tests: kio entities over a plain blocking socket.
 
 Requests are encoded and responses decoded by kio (independent of kfan's own
-codec), so what the tests see is what a client would see on the wire.
+codec), or for the versions Kafka 4 removed by kafka-python's structs, so
+what the tests see is what a client would see on the wire.
 """
 
 from __future__ import annotations
@@ -13,7 +14,8 @@ from typing import Any
 
 from kio.index import load_response_from_request
 
-from proxy.kafka.headers import response_body_offset
+from proxy.kafka.headers import encode_request_header, response_body_offset
+from tests.support import old_protocol
 from tests.support.kio_oracle import kio_decode, request_payload
 
 
@@ -74,6 +76,22 @@ class RawClient:
         cls = load_response_from_request(type(entity))
         offset = response_body_offset(payload, cls.__api_key__, cls.__version__)
         return kio_decode(cls, payload, offset)
+
+    def call_old(self, api_key: int, version: int, request: tuple[Any, ...]) -> tuple[Any, ...]:
+        """A request of a version kio lacks (Kafka 4 removed it), encoded and read back by kafka-python's structs."""
+        return old_protocol.decode(api_key, version, "response", self.call_old_raw(api_key, version, request))
+
+    def call_old_raw(self, api_key: int, version: int, request: tuple[Any, ...]) -> bytes:
+        """:meth:`call_old`, answered with the response body's bytes as they came."""
+        self._cid += 1
+        payload = encode_request_header(api_key, version, self._cid, "rawclient") + old_protocol.encode(
+            api_key, version, "request", request
+        )
+        self.sock.sendall(struct.pack(">i", len(payload)) + payload)
+        answer = self.receive()
+        assert answer is not None, "connection closed"
+        assert struct.unpack_from(">i", answer)[0] == self._cid
+        return answer[4:]
 
     def call(self, entity: Any) -> Any:
         cid = self.send(entity)

@@ -28,6 +28,16 @@ def record_batch(value: bytes) -> bytes:
     return header + struct.pack(">I", crc32c.crc32c(after_crc)) + after_crc
 
 
+def legacy_set(records: list[tuple[bytes | None, bytes | None, int]], magic: int, compression: int = 0) -> bytes:
+    """A message set (magic 0 or 1) of (key, value, timestamp) records, built by kafka-python."""
+    from kafka.record.legacy_records import LegacyRecordBatchBuilder
+
+    builder = LegacyRecordBatchBuilder(magic=magic, compression_type=compression, batch_size=1 << 22)
+    for offset, (key, value, timestamp) in enumerate(records):
+        builder.append(offset, timestamp=timestamp if magic else None, key=key, value=value)
+    return bytes(builder.build())
+
+
 def produce_request(topic: str, partitions: list[int], acks: int) -> ProduceRequest:
     """A Produce v8 request: one record (value ``p<partition>``) for each partition given, in that order."""
     return ProduceRequest(
