@@ -33,7 +33,7 @@ from proxy.core.fetch import AskAgain, FetchWait, InflightFetches, Reuse
 from proxy.core.layout import TopicPartition
 from proxy.core.topology import Broker, Topology
 from proxy.gather import gather_fetch
-from proxy.kafka import apis, errors
+from proxy.kafka import apis, errors, schema
 from tests.support.messages import answer_bytes, request_bytes
 from tests.support.records import record_batch
 
@@ -56,9 +56,10 @@ def fetch_plan(
     min_bytes: int = 1,
     watermarks: Mapping[TopicPartition, Watermarks] | None = None,
     version: int = FETCH_V,
+    max_bytes: int = 50 << 20,
 ) -> FetchForward:
     parts = [{"partition": p, "fetch_offset": 0, "partition_max_bytes": 1 << 20} for p in partitions]
-    body = {"max_wait": int(MAX_WAIT * 1000), "min_bytes": min_bytes, "max_bytes": 50 << 20, "session_id": 0, "session_epoch": -1}
+    body = {"max_wait": int(MAX_WAIT * 1000), "min_bytes": min_bytes, "max_bytes": max_bytes, "session_id": 0, "session_epoch": -1}
     body["topics"] = [{"topic": TOPIC, "partitions": parts}]
     payload = request_bytes(apis.FETCH, version, body, correlation_id=3)
     ctx = Context(IDENTITY, TOPOLOGY, advertised_versions([]), watermarks=dict(watermarks or {}))
@@ -335,3 +336,23 @@ def test_a_sub_fetch_stands_in_only_for_fetches_of_its_own_version() -> None:
     assert fetch_plan(version=1).keys == fetch_plan(version=1).keys
     v0, v1 = fetch_plan(version=0).keys, fetch_plan(version=1).keys
     assert v0.keys() == v1.keys() and all(v0[d] != v1[d] for d in v0)
+
+
+@pytest.mark.parametrize("version", [0, 2, 3, 4, FETCH_V])
+def test_the_merged_fetch_keeps_the_clients_max_bytes_from_v3_and_every_message_set_before(version: int) -> None:
+    """v3 brought max_bytes for the whole answer (KIP-74): the first non-empty partition goes
+    whole, later ones past the budget come back empty. Before v3 each partition's bytes are
+    its broker's to bound, so the merged answer carries all of them."""
+    plan = fetch_plan(version=version, max_bytes=150)
+    big = record_batch(b"x" * 100)  # 161 bytes: alone past the budget
+
+    def answer(partition: int) -> Response:
+        spec = schema.response_spec(apis.FETCH, version).field("responses").struct.field("partitions").struct  # type: ignore[union-attr]
+        entry = {**spec.blank(), "partition_index": partition, "error_code": 0, "high_watermark": 1, "records": big}
+        return Response(answer_bytes(apis.FETCH, version, {"responses": [{"topic": TOPIC, "partitions": [entry]}]}))
+
+    body = b"".join(bytes(p) for p in plan.merge(plan, {1: answer(0), 2: answer(1)}).body)
+    merged = schema.decode_body(schema.response_spec(apis.FETCH, version), body)
+    records = {p["partition_index"]: bytes(p["records"] or b"") for t in merged["responses"] for p in t["partitions"]}
+    assert records[0] == big, "the first non-empty partition always goes"
+    assert records[1] == (big if version < 3 else b"")
