@@ -211,6 +211,8 @@ class ClientConnection:
         self._session = None if auth is None else ClientSession(auth, name, confirm=self._confirm, on_login=self._relogin)
         self._links: LinkPool | None = None
         self._logged_refused = False
+        # Sub-requests of requests that want no answer (Produce acks=0), until written to their brokers.
+        self._unanswered: list[Handles] = []
 
     async def run(self) -> None:
         """Serve the client until it leaves or must go; never raises (but for cancellation)."""
@@ -284,9 +286,13 @@ class ClientConnection:
                     return  # draining: every complete request read is answered; no new ones
                 if not data:
                     # A broker closes on EOF too: what the client still waits for
-                    # is abandoned at once, with its broker links.
+                    # is abandoned at once, with its broker links. But a request
+                    # that wants no answer (Produce acks=0), read whole before the
+                    # client left, is one a broker would still carry out: its
+                    # sub-requests are written first (clients close right after).
                     if reader.pending_partial():
                         log.warning("client %s: connection ended inside a frame", self.id)
+                    await self._send_unanswered()
                     raise _Close("eof")
                 if first and looks_like_tls(data):
                     log.warning("client %s (%s): a TLS handshake on a plaintext listener, closing", self.id, self.peer)
@@ -335,6 +341,8 @@ class ClientConnection:
             except Exception as e:
                 log.error("client %s: unexpected error sending %s", self.id, _describe(h), exc_info=True)
                 raise _Close("internal_error") from e
+            if not plan.expect_response:
+                self._unanswered.append(handles)
             self._nursery.start_soon(self._complete, plan, handles, slot, submitted_at)
 
     def _refused_records(self, refused: Mapping[TopicPartition, Invalid]) -> None:
@@ -404,10 +412,8 @@ class ClientConnection:
 
     async def _complete_one(self, plan: Forward, handles: Handles, slot: ResponseSlot, submitted_at: float) -> None:
         if not plan.expect_response:
-            with trio.move_on_after(self.limits.request_timeout):
-                for h in handles.values():
-                    if isinstance(h, Pending):
-                        await h.sent.wait()
+            await self._sent(handles)
+            self._unanswered.remove(handles)
             self._answer(slot, plan.header, None, handles)
             return
         reply, handles, answers = await self._forwarder.reply(plan, handles, submitted_at)
@@ -418,6 +424,17 @@ class ClientConnection:
             return
         _count_errors(reply.errors)
         self._answer(slot, plan.header, reply.body, handles, answers)
+
+    async def _sent(self, handles: Handles) -> None:
+        """Until each sub-request is written to its broker (or failed), at most the request timeout."""
+        with trio.move_on_after(self.limits.request_timeout):
+            for h in handles.values():
+                if isinstance(h, Pending):
+                    await h.sent.wait()
+
+    async def _send_unanswered(self) -> None:
+        for handles in list(self._unanswered):
+            await self._sent(handles)
 
     def _answer(
         self,
