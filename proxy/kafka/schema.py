@@ -1,7 +1,9 @@
 """Schema-driven Kafka message codec, compiled from kio's message schemas.
 
 kio carries Kafka's own message JSON schemas (as dataclasses) for every API
-and version; this module reads those definitions once per (api, version) and
+and version Kafka 4 has; the older versions Kafka 4 removed come from
+``removed_versions.json`` (Kafka 3.9's definitions, restated, with kio's
+names). This module reads those definitions once per (api, version) and
 builds a bounds-checked decoder and an encoder over plain dicts. We do not use
 kio's own (Rust) decoder on client bytes: a huge array length aborts the
 process there, whereas here every count is checked against the bytes left.
