@@ -440,24 +440,37 @@ def removed_version_spec(api_key: int, version: int, kind: str) -> StructSpec:
 API_NAMES: dict[int, str] = dict(api_key_map)
 
 
+@cache
+def _kio_ranges() -> dict[int, range]:
+    out = {}
+    for api_key, name in api_key_map.items():
+        versions = sorted(v for v, m in schema_name_map[name].items() if len(m) >= 2)
+        if versions:
+            out[api_key] = range(versions[0], versions[-1] + 1)
+    return out
+
+
+@cache
+def _known_ranges() -> dict[int, range]:
+    out = dict(_kio_ranges())
+    for api_key, kio in out.items():
+        removed = _removed_range(api_key)
+        if removed is not None:
+            out[api_key] = range(min(removed.start, kio.start), kio.stop)
+    return out
+
+
 def kio_versions(api_key: int) -> range | None:
     """The contiguous version range kio has schemas for, or None."""
-    name = api_key_map.get(api_key)
-    if name is None:
-        return None
-    versions = sorted(v for v, m in schema_name_map[name].items() if len(m) >= 2)
-    if not versions:
-        return None
-    return range(versions[0], versions[-1] + 1)
+    return _kio_ranges().get(api_key)
 
 
 def known_versions(api_key: int) -> range | None:
-    """Every version kfan has a schema for: kio's, and below them those Kafka 4 removed."""
-    kio = kio_versions(api_key)
-    removed = _removed_range(api_key)
-    if kio is None or removed is None:
-        return kio
-    return range(min(removed.start, kio.start), kio.stop)
+    """Every version kfan has a schema for: kio's, and below them those Kafka 4 removed.
+
+    Looked up for every request's header, so both tables are built once.
+    """
+    return _known_ranges().get(api_key)
 
 
 def _is_removed(api_key: int, version: int) -> bool:
