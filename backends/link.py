@@ -29,10 +29,11 @@ import trio
 
 from proxy import metrics
 from proxy.core import SubRequest
+from proxy.frame_io import receive_into, send_frame
 from proxy.kafka import schema
 from proxy.kafka.frames import DEFAULT_MAX_FRAME_BYTES, MIN_RESPONSE_FRAME, FrameReader, frame
 from proxy.kafka.headers import correlation_id_of, request_head, request_header_tail
-from proxy.kafka.wire import Malformed
+from proxy.kafka.wire import Malformed, Parts
 
 from .correlations import Correlations, UnknownCorrelationId
 
@@ -122,7 +123,7 @@ class Link:
         self.failed: LinkError | None = None
         self._writing: Pending | None = None  # the request whose bytes are going out
         self._connect: Connect = connect if connect is not None else partial(trio.open_tcp_stream, host, port)
-        self._send, self._queue = trio.open_memory_channel[tuple[bytes, Pending]](math.inf)
+        self._send, self._queue = trio.open_memory_channel[tuple[Parts, Pending]](math.inf)
         self._correlations: Correlations[Pending] = Correlations()
         self._cancel = trio.CancelScope()
         self._authenticate = authenticate
@@ -142,10 +143,10 @@ class Link:
             pending.set(self.failed)
             return pending
         cid = self._correlations.add(pending if sub.expect_response else None)
-        data = frame([request_head(sub.api_key, sub.api_version), _CID.pack(cid), *sub.tail])
+        parts = [request_head(sub.api_key, sub.api_version), _CID.pack(cid), *sub.tail]
         if self.keep_requests:
-            pending.request = data
-        self._send.send_nowait((data, pending))
+            pending.request = frame(parts)
+        self._send.send_nowait((parts, pending))
         return pending
 
     def close(self) -> None:
@@ -219,12 +220,12 @@ class Link:
                 await self._login(stream)
             if item is None:
                 continue
-            data, pending = item
+            parts, pending = item
             pending.written = True
             self._writing = pending
-            await stream.send_all(data)
+            written = await send_frame(stream, parts)
             self._writing = None
-            sent.inc(len(data))
+            sent.inc(written)
             pending.sent.set()
 
     async def _login(self, stream: trio.abc.Stream) -> None:
@@ -241,7 +242,7 @@ class Link:
         pending = Pending()
         pending.broker = self.broker_id
         cid = self._correlations.add(pending)
-        await stream.send_all(frame([request_head(api_key, version), _CID.pack(cid), *own_request(api_key, version, body).tail]))
+        await send_frame(stream, [request_head(api_key, version), _CID.pack(cid), *own_request(api_key, version, body).tail])
         return await pending.wait()
 
     async def _receive(self, stream: trio.abc.Stream) -> None:
@@ -250,11 +251,10 @@ class Link:
         while True:
             payload = reader.next_frame()
             if payload is None:
-                data = await stream.receive_some(65536)
-                if not data:
+                n = await receive_into(stream, reader)
+                if not n:
                     raise LinkError(f"broker {self.broker_id} closed the connection")
-                received.inc(len(data))
-                reader.feed(data)
+                received.inc(n)
                 continue
             cid = correlation_id_of(payload)
             try:

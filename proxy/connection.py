@@ -58,7 +58,8 @@ from .core import (
 from .core.layout import TopicPartition
 from .core.topology import Topology
 from .forwarder import Forwarder, Handles
-from .kafka.frames import FrameReader, frame
+from .frame_io import receive_into, send_frame
+from .kafka.frames import FrameReader
 from .kafka.headers import RequestHeader, peek_request, response_header
 from .kafka.records import Invalid
 from .kafka.wire import Malformed, Parts
@@ -146,8 +147,8 @@ class _Receiver:
         self.pool.sub(self.partial)
         self.partial = 0
 
-    async def receive(self, busy: Callable[[], bool]) -> bytes | None:
-        """The client's next bytes (b"" at EOF), or None when draining; closes on a deadline.
+    async def receive(self, busy: Callable[[], bool], reader: FrameReader) -> int | None:
+        """Read the client's next bytes into ``reader``: how many (0 at EOF), or None when draining; closes on a deadline.
 
         ``busy()``: requests are in flight, so the connection is not idle.
         """
@@ -156,9 +157,9 @@ class _Receiver:
             deadline = self._frame_started + limits.frame_timeout if self.partial else self.last_active + limits.idle_timeout
             with trio.CancelScope(deadline=deadline) as self._receiving:
                 await self.pool.wait_to_read(self.budget.used + self.partial)
-                data = await self.stream.receive_some(65536)
+                n = await receive_into(self.stream, reader)
                 self.last_active = trio.current_time()
-                return data
+                return n
             self._receiving = None
             now = trio.current_time()
             if self._draining.is_set():
@@ -281,10 +282,10 @@ class ClientConnection:
                 raise _Close("malformed") from e
             self._receiver.sync_partial(reader)
             if payload is None:
-                data = await self._receiver.receive(busy=lambda: self._inflight > 0)
-                if data is None:
+                n = await self._receiver.receive(busy=lambda: self._inflight > 0, reader=reader)
+                if n is None:
                     return  # draining: every complete request read is answered; no new ones
-                if not data:
+                if not n:
                     # A broker closes on EOF too: what the client still waits for
                     # is abandoned at once, with its broker links. But a request
                     # that wants no answer (Produce acks=0), read whole before the
@@ -294,11 +295,10 @@ class ClientConnection:
                         log.warning("client %s: connection ended inside a frame", self.id)
                     await self._send_unanswered()
                     raise _Close("eof")
-                if first and looks_like_tls(data):
+                if first and looks_like_tls(reader.peek(16)):
                     log.warning("client %s (%s): a TLS handshake on a plaintext listener, closing", self.id, self.peer)
                     raise _Close("tls_on_plaintext")
                 first = False
-                reader.feed(data)
                 self._receiver.sync_partial(reader)
                 continue
             metrics.BYTES.labels("client_in").inc(len(payload) + 4)
@@ -466,15 +466,15 @@ class ClientConnection:
             if slot.close is not None:
                 raise _Close(slot.close)
             if slot.parts is not None:
-                data = frame(slot.parts)
                 # A client that stops reading its answers must not hold them (and us) for ever.
+                written = 0
                 with trio.move_on_after(self.limits.frame_timeout) as writing:
-                    await self.stream.send_all(data)
+                    written = await send_frame(self.stream, slot.parts)
                 if writing.cancelled_caught:
                     log.warning("client %s: did not read a response within %.0f s, closing", self.id, self.limits.frame_timeout)
                     raise _Close("frame_timeout")
                 self._receiver.last_active = trio.current_time()  # idle counts from the last byte either way
-                metrics.BYTES.labels("client_out").inc(len(data))
+                metrics.BYTES.labels("client_out").inc(written)
             if slot.close_after is not None:
                 # Let the client read the answer and leave first (the reader still sees its EOF,
                 # and refuses anything else it sends): closing under an answer in flight lets

@@ -52,7 +52,7 @@ class FakeBroker:
             self.reader.feed(data)
         api_key, api_version, cid = peek_request(payload)
         assert (api_key, api_version) == (API_KEY, API_VERSION)
-        return cid, payload[8:].decode()
+        return cid, bytes(payload[8:]).decode()
 
     async def read_all(self, n: int) -> list[tuple[int, str]]:
         return [await self.read() for _ in range(n)]

@@ -1,17 +1,20 @@
 """Kafka framing: ``int32 size`` + payload.
 
-:func:`frame` is the one place in kfan that adds a size prefix; encoders
-elsewhere return un-prefixed payload parts. :class:`FrameReader` is the
-sans-IO reader: feed it bytes, take whole frames out, with sizes checked
-before anything is buffered beyond the 4-byte prefix.
+:func:`frame_parts` is the one place in kfan that adds a size prefix;
+encoders elsewhere return un-prefixed payload parts, and the trio layer
+writes a frame's parts as they are (a gather write) rather than joining
+them. :class:`FrameReader` is the sans-IO reader: feed it bytes, take whole
+frames out, with sizes checked before anything is buffered beyond the
+4-byte prefix.
 """
 
 from __future__ import annotations
 
 import struct
+from collections import deque
 from collections.abc import Iterable
 
-from .wire import Malformed
+from .wire import Malformed, Parts
 
 DEFAULT_MAX_FRAME_BYTES = 100 * 1024 * 1024
 MIN_REQUEST_FRAME = 8  # api_key, api_version, correlation_id
@@ -20,49 +23,146 @@ MIN_RESPONSE_FRAME = 4  # correlation_id
 _SIZE = struct.Struct(">i")
 
 
+def frame_parts(parts: Iterable[bytes | memoryview]) -> Parts:
+    """The frame's parts: the payload's size, then the payload's own parts (the single framing point)."""
+    payload = list(parts)
+    return [_SIZE.pack(sum(len(p) for p in payload)), *payload]
+
+
 def frame(parts: Iterable[bytes | memoryview]) -> bytes:
-    """Prefix the payload with its size: the single framing point."""
-    payload = b"".join(parts)
-    return _SIZE.pack(len(payload)) + payload
+    """The frame as one bytes object, for writers that cannot gather (tests, replay, TLS)."""
+    return b"".join(frame_parts(parts))
 
 
 class FrameReader:
-    """Turns a byte stream into frames (payloads without their size prefix)."""
+    """Turns a byte stream into frames (payloads without their size prefix).
+
+    The bytes fed are kept as they came, not appended to one buffer: a frame
+    that lies inside one received chunk is handed out as a slice of it (no
+    copy); one that spans chunks is joined once. A large frame can instead be
+    received straight into a buffer of its size (:meth:`receive_buffer`).
+    """
 
     def __init__(self, max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES, min_frame_bytes: int = MIN_REQUEST_FRAME) -> None:
         self.max_frame_bytes = max_frame_bytes
         self.min_frame_bytes = min_frame_bytes
-        self._buf = bytearray()
+        self._chunks: deque[memoryview] = deque()
+        self._buffered = 0
         self._need: int | None = None
+        self._frame: bytearray | None = None  # the large frame being received in place
+        self._filled = 0
 
     def feed(self, data: bytes | bytearray | memoryview) -> None:
-        self._buf += data
+        if self._frame is not None:
+            view = memoryview(data)
+            n = min(len(view), len(self._frame) - self._filled)
+            self._frame[self._filled : self._filled + n] = view[:n]
+            self.received(n)
+            data = view[n:]
+        if data:
+            # A bytearray fed may be reused by its owner: keep a copy of it.
+            view = memoryview(bytes(data) if isinstance(data, bytearray) else data)
+            self._chunks.append(view)
+            self._buffered += len(view)
 
     def buffered(self) -> int:
-        return len(self._buf)
+        """Bytes held: those received, or the whole buffer of a frame being received in place."""
+        return self._buffered if self._frame is None else len(self._frame) + self._buffered - self._filled
 
-    def next_frame(self) -> bytes | None:
+    def wanted(self) -> int:
+        """Bytes still to come for the frame begun (0 when no frame's size is known yet)."""
+        return 0 if self._need is None else max(0, 4 + self._need - self._buffered)
+
+    def peek(self, n: int) -> bytes:
+        """The first ``n`` bytes buffered (fewer if fewer are), left buffered."""
+        return self._peek(min(n, self._buffered)) if self._buffered and self._frame is None else b""
+
+    def receive_buffer(self, at_least: int, at_most: int) -> memoryview | None:
+        """Where to receive the rest of the frame begun, when at least ``at_least`` bytes of it are
+        still to come and the frame is at most ``at_most`` bytes (None: feed chunks). The caller
+        reports what it wrote with :meth:`received`."""
+        if self._frame is None:
+            # Only once a fifth of the frame is here: a size prefix alone must
+            # not make kfan allocate what the sender may never send.
+            wanted = self.wanted()
+            if wanted < at_least or wanted > 4 * self._buffered or (self._need or 0) > at_most:
+                return None
+            assert self._need is not None
+            self._frame = bytearray(4 + self._need)
+            self._filled = 0
+            for chunk in self._chunks:  # everything buffered belongs to this frame
+                self._frame[self._filled : self._filled + len(chunk)] = chunk
+                self._filled += len(chunk)
+            self._chunks.clear()
+        return memoryview(self._frame)[self._filled :]
+
+    def received(self, n: int) -> None:
+        """``n`` bytes were written into the :meth:`receive_buffer`."""
+        self._filled += n
+        self._buffered += n
+
+    def next_frame(self) -> bytes | memoryview | None:
         """The next whole frame, or None if more bytes are needed.
 
         Raises :class:`Malformed` as soon as a size prefix is out of bounds,
         before the body is awaited or allocated.
         """
-        buf = self._buf
         if self._need is None:
-            if len(buf) < 4:
+            if self._buffered < 4:
                 return None
-            size = _SIZE.unpack_from(buf, 0)[0]
+            size = _SIZE.unpack(self._peek(4))[0]
             if size < self.min_frame_bytes or size > self.max_frame_bytes:
                 raise Malformed(f"frame size {size} outside [{self.min_frame_bytes}, {self.max_frame_bytes}]")
             self._need = size
         need = self._need
-        if len(buf) < 4 + need:
+        if self._buffered < 4 + need:
             return None
-        out = bytes(buf[4 : 4 + need])
-        del buf[: 4 + need]
+        if self._frame is not None:
+            whole, self._frame = self._frame, None
+            self._buffered -= 4 + need
+            self._need = None
+            return memoryview(whole)[4:]
+        self._take(4)
         self._need = None
-        return out
+        return self._take(need)
 
     def pending_partial(self) -> bool:
         """True when a frame has begun but not ended (a truncated body at EOF)."""
-        return bool(self._buf)
+        return self._buffered > 0
+
+    def _peek(self, n: int) -> bytes:
+        first = self._chunks[0]
+        if len(first) >= n:
+            return bytes(first[:n])
+        return bytes(self._take(n, keep=True))
+
+    def _take(self, n: int, keep: bool = False) -> bytes | memoryview:
+        """The next ``n`` buffered bytes (``keep``: leave them buffered)."""
+        chunks = self._chunks
+        first = chunks[0]
+        if len(first) >= n and not keep:
+            out = first[:n]
+            if len(first) == n:
+                chunks.popleft()
+            else:
+                chunks[0] = first[n:]
+            self._buffered -= n
+            return out
+        pieces: list[memoryview] = []
+        got = 0
+        for i, chunk in enumerate(chunks):
+            piece = chunk[: n - got]
+            pieces.append(piece)
+            got += len(piece)
+            if got == n:
+                if not keep:
+                    for _ in range(i):
+                        chunks.popleft()
+                    rest = chunks[0][len(piece) :]
+                    if rest:
+                        chunks[0] = rest
+                    else:
+                        chunks.popleft()
+                    self._buffered -= n
+                break
+        return b"".join(pieces)

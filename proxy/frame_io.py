@@ -1,0 +1,79 @@
+"""Frames on trio streams: writing one, and how much to read at a time (trio).
+
+A frame is written as its parts (:func:`proxy.kafka.frames.frame_parts`):
+on a plain TCP stream with one gather write (``sendmsg``), so record data
+goes from the buffer it arrived in straight to the socket, never joined into
+a new frame first. Small frames, and streams that cannot gather (TLS,
+in-memory streams in tests), get the parts joined once.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+
+import trio
+
+from .kafka.frames import FrameReader, frame_parts
+
+# Below this a frame is joined: one copy of a few KiB costs less than a scatter list.
+JOIN_BELOW = 16 * 1024
+# Reads: 64 KiB, or the rest of a larger frame at once (up to 1 MiB), so a
+# big Produce or Fetch answer arrives in few reads and few chunks to join.
+READ_CHUNK = 64 * 1024
+MAX_READ = 1024 * 1024
+# Frames up to this size are received in place; larger ones (rare: a Fetch
+# answer of many MiB) in chunks, so no single allocation outruns the memory
+# pool that bounds what clients make kfan buffer.
+MAX_IN_PLACE = 8 * 1024 * 1024
+_IOV_MAX = min(os.sysconf("SC_IOV_MAX") if hasattr(os, "sysconf") else 1024, 1024)
+
+
+async def send_frame(stream: trio.abc.Stream, parts: Iterable[bytes | memoryview]) -> int:
+    """Write the frame of ``parts`` (their size prefix added here); the bytes written."""
+    framed = frame_parts(parts)
+    total = sum(len(p) for p in framed)
+    if total < JOIN_BELOW or not isinstance(stream, trio.SocketStream):
+        await stream.send_all(b"".join(framed))
+        return total
+    views = [memoryview(p).cast("B") for p in framed if len(p)]
+    sock = stream.socket
+    try:
+        while views:
+            sent = await sock.sendmsg(views[:_IOV_MAX])
+            while sent:
+                first = len(views[0])
+                if sent >= first:
+                    sent -= first
+                    views.pop(0)
+                else:
+                    views[0] = views[0][sent:]
+                    sent = 0
+    except OSError as e:
+        raise trio.BrokenResourceError(f"socket connection broken: {e}") from e
+    return total
+
+
+def receive_size(reader: FrameReader) -> int:
+    """How many bytes to ask the stream for next."""
+    return max(READ_CHUNK, min(reader.wanted(), MAX_READ))
+
+
+async def receive_into(stream: trio.abc.Stream, reader: FrameReader) -> int:
+    """Read once from ``stream`` into ``reader``: the bytes read, 0 at end of stream.
+
+    The rest of a large frame on a plain TCP stream is received straight into
+    a buffer of the frame's size, so its bytes are copied once, by the kernel.
+    """
+    buffer = reader.receive_buffer(READ_CHUNK, MAX_IN_PLACE) if isinstance(stream, trio.SocketStream) else None
+    if buffer is None:
+        data = await stream.receive_some(receive_size(reader))
+        reader.feed(data)
+        return len(data)
+    assert isinstance(stream, trio.SocketStream)
+    try:
+        n = await stream.socket.recv_into(buffer)
+    except OSError as e:
+        raise trio.BrokenResourceError(f"socket connection broken: {e}") from e
+    reader.received(n)
+    return n

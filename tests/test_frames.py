@@ -1,0 +1,111 @@
+"""Framing: the reader's chunked and in-place receiving, and the gather write of a frame's parts."""
+
+from __future__ import annotations
+
+import struct
+
+import pytest
+import trio
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from proxy.frame_io import JOIN_BELOW, receive_into, send_frame
+from proxy.kafka.frames import FrameReader, frame, frame_parts
+from proxy.kafka.wire import Malformed
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    frames=st.lists(st.binary(min_size=1, max_size=5000), min_size=1, max_size=12),
+    cuts=st.lists(st.integers(1, 7000), min_size=1, max_size=50),
+    in_place=st.lists(st.booleans(), min_size=1, max_size=50),
+)
+def test_frames_come_out_whole_and_in_order_however_the_bytes_arrive(frames: list[bytes], cuts: list[int], in_place: list[bool]) -> None:
+    stream = b"".join(frame([f]) for f in frames)
+    reader = FrameReader(min_frame_bytes=1)
+    out: list[bytes] = []
+    pos = i = 0
+    while pos < len(stream):
+        n = min(cuts[i % len(cuts)], len(stream) - pos)
+        buffer = reader.receive_buffer(1, 1 << 20) if in_place[i % len(in_place)] else None
+        if buffer is not None:
+            n = min(n, len(buffer))
+            buffer[:n] = stream[pos : pos + n]
+            reader.received(n)
+        else:
+            reader.feed(stream[pos : pos + n])
+        pos += n
+        i += 1
+        while (payload := reader.next_frame()) is not None:
+            out.append(bytes(payload))
+    assert out == frames
+    assert reader.buffered() == 0 and not reader.pending_partial()
+
+
+def test_a_frame_inside_one_chunk_is_a_slice_of_it_not_a_copy() -> None:
+    chunk = frame([b"a" * 100]) + frame([b"b" * 50])
+    reader = FrameReader(min_frame_bytes=1)
+    reader.feed(chunk)
+    first, second = reader.next_frame(), reader.next_frame()
+    assert isinstance(first, memoryview) and first.obj is chunk
+    assert bytes(first) == b"a" * 100 and bytes(second) == b"b" * 50
+
+
+def test_a_size_prefix_alone_allocates_nothing_in_place() -> None:
+    reader = FrameReader()
+    reader.feed(struct.pack(">i", 50_000_000) + b"\0" * 1000)
+    assert reader.next_frame() is None
+    assert reader.receive_buffer(1, 1 << 30) is None, "a fifth of the frame must be here first"
+    assert reader.buffered() == 1004
+
+
+def test_a_frame_received_in_place_counts_its_whole_buffer_as_held() -> None:
+    reader = FrameReader()
+    reader.feed(struct.pack(">i", 1000) + b"x" * 400)
+    assert reader.next_frame() is None  # its size is read
+    assert reader.receive_buffer(1, 999) is None, "larger than the in-place cap"
+    buffer = reader.receive_buffer(1, 1 << 20)
+    assert buffer is not None and len(buffer) == 600
+    assert reader.buffered() == 1004, "the allocation is what the memory pool must see"
+    buffer[:600] = b"y" * 600
+    reader.received(600)
+    payload = reader.next_frame()
+    assert payload is not None and bytes(payload) == b"x" * 400 + b"y" * 600 and reader.buffered() == 0
+
+
+def test_an_oversized_prefix_is_refused_before_any_body() -> None:
+    reader = FrameReader(max_frame_bytes=1000)
+    reader.feed(struct.pack(">i", 1001))
+    with pytest.raises(Malformed):
+        reader.next_frame()
+
+
+def test_exactly_one_size_prefix_whatever_the_parts() -> None:
+    parts = [b"ab", memoryview(b"cde"), b""]
+    assert frame_parts(parts) == [struct.pack(">i", 5), *parts]
+    assert frame(parts) == struct.pack(">i", 5) + b"abcde"
+
+
+@pytest.mark.parametrize("sizes", [[10, 20], [JOIN_BELOW, 3, 2_000_000, 1, 70_000] + [7] * 1500])
+async def test_a_frame_written_as_parts_reads_back_whole_over_tcp(sizes: list[int]) -> None:
+    """Small frames are joined; large ones go out as one gather write, more parts than one sendmsg takes."""
+    parts = [bytes([i % 251]) * n for i, n in enumerate(sizes)]
+    listener = (await trio.open_tcp_listeners(0, host="127.0.0.1"))[0]
+    port = listener.socket.getsockname()[1]
+    got: list[bytes] = []
+    async with trio.open_nursery() as nursery:
+
+        async def read_one() -> None:
+            server = await listener.accept()
+            reader = FrameReader(min_frame_bytes=1)
+            while (payload := reader.next_frame()) is None:
+                assert await receive_into(server, reader), "closed before the frame was whole"
+            got.append(bytes(payload))
+            await server.aclose()
+
+        nursery.start_soon(read_one)
+        client = await trio.open_tcp_stream("127.0.0.1", port)
+        assert await send_frame(client, parts) == 4 + sum(sizes)
+    await client.aclose()
+    await listener.aclose()
+    assert got == [b"".join(parts)]
