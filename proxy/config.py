@@ -102,6 +102,13 @@ OPTIONS: tuple[Option, ...] = (
         "bytes all client connections together may hold; beyond it kfan stops reading connections holding 64 KiB or more",
         "BYTES",
     ),
+    Option(
+        "fetch-ahead-bytes",
+        int,
+        16 * 1024 * 1024,
+        "records a client connection's sub-fetches sent ahead of its next Fetch may bring in, all brokers together (0: none)",
+        "BYTES",
+    ),
     Option("max-connections", int, 10_000, "client connections at once; further ones are closed as they arrive", "N"),
     Option("request-timeout", float, 30.0, "seconds a broker may take beyond what the request itself allows", "SECONDS"),
     Option(

@@ -84,6 +84,7 @@ class Limits:
     max_buffered_bytes: int = 512 * 1024 * 1024  # held for all connections of the process
     max_connections: int = 10_000
     validate_records: bool = True  # --validate-records crc: bad produced batches stop at kfan
+    fetch_ahead_bytes: int = 16 * 1024 * 1024  # records sub-fetches sent ahead may bring in, per connection
 
 
 class _Close(Exception):
@@ -240,6 +241,7 @@ class ClientConnection:
                     client=self.id,
                     client_identity=carry,
                     validate_records=limits.validate_records,
+                    fetch_ahead_bytes=limits.fetch_ahead_bytes,
                 )
                 send, receive = trio.open_memory_channel[ResponseSlot](self.limits.max_inflight)
                 nursery.start_soon(self._write, receive, nursery.cancel_scope)

@@ -28,6 +28,7 @@ from .core import (
     Context,
     Destination,
     Failed,
+    FetchAhead,
     FetchForward,
     Forward,
     Identity,
@@ -67,11 +68,13 @@ class Forwarder:
         client: int,
         client_identity: bool = False,
         validate_records: bool = True,
+        fetch_ahead_bytes: int = 0,
     ) -> None:
         """``client_identity``: the links log in as the client, so a refused login is the client's (error 58), not a broker failure."""
         self.cluster = cluster
         self.client_identity = client_identity
         self.validate_records = validate_records
+        self.fetch_ahead_bytes = fetch_ahead_bytes
         self.identity = identity
         self.links = links
         self.request_timeout = request_timeout  # beyond the time the request itself allows the broker
@@ -109,6 +112,7 @@ class Forwarder:
             coordinators_looked_up,
             self.watermarks,
             self.validate_records,
+            self.fetch_ahead_bytes,
         )
 
     def broker_wait(self, plan: Forward) -> float:
@@ -166,6 +170,8 @@ class Forwarder:
             for effect in reply.effects:
                 if isinstance(effect, RememberWatermarks):
                     self.watermarks.update(effect.watermarks)
+                elif isinstance(effect, FetchAhead):
+                    self._fetch_ahead(effect)
         return reply, handles, answers
 
     async def _answers(self, plan: Forward, handles: Handles, submitted_at: float) -> tuple[dict[Destination, BrokerAnswer], Handles]:
@@ -208,6 +214,16 @@ class Forwarder:
                 self.links.close(pending.broker, Lane.MAIN)
             answers[d] = Failed(errors.REQUEST_TIMED_OUT)
         return answers, handles
+
+    def _fetch_ahead(self, ahead: FetchAhead) -> None:
+        """Send the next sub-fetches now, while the client reads this answer: its next Fetch finds them on the way."""
+        now = trio.current_time()
+        for broker, (sub, key) in ahead.subs.items():
+            if self._inflight_fetches.holds(broker):
+                continue  # a sub-fetch still out there keeps its place for the next Fetch
+            link = self.links.link(broker, Lane.FETCH)
+            if link is not None:
+                self._inflight_fetches.record(broker, key, link.submit(sub), now)
 
     def _ask_again(self, plan: FetchForward, destination: Destination) -> Pending | None:
         assert isinstance(destination, int)

@@ -8,6 +8,7 @@ max_wait 0.5 s and a grace of 0.02 s for sub-fetches sent for it.
 
 from __future__ import annotations
 
+import struct
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -22,6 +23,7 @@ from proxy.core import (
     Context,
     Destination,
     Failed,
+    FetchAhead,
     FetchForward,
     Identity,
     Response,
@@ -29,7 +31,7 @@ from proxy.core import (
     advertised_versions,
     plan_request,
 )
-from proxy.core.fetch import AskAgain, FetchWait, InflightFetches, Reuse
+from proxy.core.fetch import AskAgain, FetchWait, InflightFetches, Reuse, records_end
 from proxy.core.layout import TopicPartition
 from proxy.core.topology import Broker, Topology
 from proxy.gather import gather_fetch
@@ -57,12 +59,15 @@ def fetch_plan(
     watermarks: Mapping[TopicPartition, Watermarks] | None = None,
     version: int = FETCH_V,
     max_bytes: int = 50 << 20,
+    offsets: Mapping[int, int] | None = None,
+    fetch_ahead_bytes: int = 0,
+    topology: Topology = TOPOLOGY,
 ) -> FetchForward:
-    parts = [{"partition": p, "fetch_offset": 0, "partition_max_bytes": 1 << 20} for p in partitions]
+    parts = [{"partition": p, "fetch_offset": (offsets or {}).get(p, 0), "partition_max_bytes": 1 << 20} for p in partitions]
     body = {"max_wait": int(MAX_WAIT * 1000), "min_bytes": min_bytes, "max_bytes": max_bytes, "session_id": 0, "session_epoch": -1}
     body["topics"] = [{"topic": TOPIC, "partitions": parts}]
     payload = request_bytes(apis.FETCH, version, body, correlation_id=3)
-    ctx = Context(IDENTITY, TOPOLOGY, advertised_versions([]), watermarks=dict(watermarks or {}))
+    ctx = Context(IDENTITY, topology, advertised_versions([]), watermarks=dict(watermarks or {}), fetch_ahead_bytes=fetch_ahead_bytes)
     plan = plan_request(ctx, payload)
     assert isinstance(plan, FetchForward)
     return plan
@@ -356,3 +361,80 @@ def test_the_merged_fetch_keeps_the_clients_max_bytes_from_v3_and_every_message_
     records = {p["partition_index"]: bytes(p["records"] or b"") for t in merged["responses"] for p in t["partitions"]}
     assert records[0] == big, "the first non-empty partition always goes"
     assert records[1] == (big if version < 3 else b"")
+
+
+# --- fetch ahead ---------------------------------------------------------------------
+
+
+def batch_at(base_offset: int, value: bytes = b"x" * 100) -> bytes:
+    """A one-record v2 batch at ``base_offset`` (the base offset is outside the CRC)."""
+    batch = bytearray(record_batch(value))
+    struct.pack_into(">q", batch, 0, base_offset)
+    return bytes(batch)
+
+
+def test_records_end_is_the_offset_after_the_last_whole_batch() -> None:
+    two = batch_at(7) + batch_at(8)
+    assert records_end(two) == 9
+    assert records_end(two + batch_at(9)[:40]) == 9, "a batch cut short is asked for again"
+    assert records_end(batch_at(3)[:30]) == -1 and records_end(b"") == -1 and records_end(None) == -1
+    legacy = bytearray(batch_at(3))
+    legacy[16] = 1
+    assert records_end(bytes(legacy)) is None, "older formats are not read ahead of"
+
+
+def ahead_of(plan: FetchForward, answers: Mapping[Destination, Any]) -> dict[int, tuple[Any, Any]]:
+    reply = plan.merge(plan, answers)
+    found = [e for e in reply.effects if isinstance(e, FetchAhead)]
+    return dict(found[0].subs) if found else {}
+
+
+def test_a_broker_that_returned_records_is_asked_ahead_exactly_what_the_next_fetch_will_ask() -> None:
+    plan = fetch_plan(offsets={0: 7}, fetch_ahead_bytes=1 << 20)
+    answers = {1: fetch_answer((0,), 10, batch_at(7) + batch_at(8)), 2: empty(2)}
+    ahead = ahead_of(plan, answers)
+    assert set(ahead) == {1}, "a broker that returned nothing is not asked ahead"
+    sub, key = ahead[1]
+    following = fetch_plan(offsets={0: 9}, fetch_ahead_bytes=1 << 20)
+    assert key == following.keys[1], "kept under the key of the sub-fetch the client's next Fetch makes"
+    assert key != fetch_plan(offsets={0: 8}, fetch_ahead_bytes=1 << 20).keys[1], "never stands in for other offsets"
+    assert sent_partitions(plan, sub) == [(0, 9)]
+    sent = schema.decode_body(schema.request_spec(apis.FETCH, FETCH_V), b"".join(bytes(p) for p in sub.tail), plan.header.body_offset - 8)
+    assert sent["max_wait"] == 0, "it must not hold the broker link if the client asks otherwise"
+    assert sent["max_bytes"] == (1 << 20) // 2, "the connection's budget shared by the brokers of the Fetch"
+
+
+def test_no_fetch_ahead_after_an_error_or_when_turned_off() -> None:
+    plan = fetch_plan(offsets={0: 7}, fetch_ahead_bytes=1 << 20)
+    assert ahead_of(plan, {1: fetch_answer((0,), 10, batch_at(7), error_code=errors.NOT_LEADER_OR_FOLLOWER), 2: empty(2)}) == {}
+    assert ahead_of(plan, {1: Failed(errors.NOT_LEADER_OR_FOLLOWER), 2: empty(2)}) == {}
+    off = fetch_plan(offsets={0: 7})
+    assert ahead_of(off, {1: fetch_answer((0,), 10, batch_at(7)), 2: empty(2)}) == {}
+
+
+def sent_partitions(plan: FetchForward, sub: Any) -> list[tuple[int, int]]:
+    """The (partition, fetch_offset) pairs a sub-fetch sent ahead asks, read back."""
+    sent = schema.decode_body(schema.request_spec(apis.FETCH, FETCH_V), b"".join(bytes(p) for p in sub.tail), plan.header.body_offset - 8)
+    return sorted((p["partition"], p["fetch_offset"]) for t in sent["topics"] for p in t["partitions"])
+
+
+def test_records_the_client_budget_dropped_are_asked_again_from_the_same_offset() -> None:
+    """Both partitions on one broker, a budget that keeps the first partition's records only."""
+    one_leader = Topology(brokers=TOPOLOGY.brokers, leaders={TOPIC: {0: 1, 1: 1}})
+    plan = fetch_plan(offsets={0: 7, 1: 3}, fetch_ahead_bytes=1 << 20, max_bytes=10, topology=one_leader)
+    parts = [
+        {
+            "partition_index": p,
+            "error_code": 0,
+            "high_watermark": 20,
+            "last_stable_offset": 20,
+            "log_start_offset": 0,
+            "aborted_transactions": None,
+            "preferred_read_replica": -1,
+            "records": batch_at(offset),
+        }
+        for p, offset in ((0, 7), (1, 3))
+    ]
+    body = {"responses": [{"topic": TOPIC, "partitions": parts}]}
+    ((sub, _),) = ahead_of(plan, {1: Response(answer_bytes(apis.FETCH, FETCH_V, body))}).values()
+    assert sent_partitions(plan, sub) == [(0, 8), (1, 3)]

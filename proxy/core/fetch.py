@@ -19,13 +19,14 @@ how a Fetch is answered lives here, as pure objects the I/O layer drives.
 
 from __future__ import annotations
 
+import struct
 from collections.abc import Callable, Hashable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 from ..kafka import errors
 from ..kafka.headers import RequestHeader
-from ..kafka.schema import Struct, encode_body, response_spec
+from ..kafka.schema import Struct, encode_body, request_spec, response_spec
 from ..kafka.wire import Malformed, Parts
 from . import leader
 from .answers import decode_answer
@@ -38,6 +39,7 @@ from .plan import (
     Context,
     Destination,
     Failed,
+    FetchAhead,
     FetchForward,
     LocalReply,
     Plan,
@@ -45,6 +47,7 @@ from .plan import (
     Reply,
     Response,
     Route,
+    SubRequest,
     Watermarks,
 )
 
@@ -117,8 +120,83 @@ def merge(plan: FetchForward, answers: Answers) -> Reply:  # type: ignore[overri
     seen = _finish(body, found.request, found.response_layout, decoded.bodies, waiting, plan.ctx.watermarks)
     if seen:
         reply.effects.append(RememberWatermarks(seen))
+    if plan.ctx.fetch_ahead_bytes > 0:
+        ahead = _fetch_ahead(plan, body)
+        if ahead:
+            reply.effects.append(FetchAhead(ahead))
     reply.body = encode_body(response_spec(plan.header.api_key, plan.header.api_version), body)
     return reply
+
+
+def _fetch_ahead(plan: FetchForward, body: Struct) -> dict[int, tuple[SubRequest, Hashable]]:
+    """The sub-fetches the client's next Fetch will ask, for the brokers that just returned records.
+
+    A consumer asks next from the offset after the last whole batch it got
+    (the same offset where it got none), so that Fetch is known before it
+    comes. The one sent ahead waits for nothing (``max_wait`` 0: it must
+    not hold the broker link if the client asks otherwise) and brings at most
+    the connection's share of ``fetch_ahead_bytes``; it is kept under the key
+    of the sub-fetch the client's Fetch will make, and used only if that Fetch
+    asks exactly this (:class:`InflightFetches`).
+    """
+    found: leader.LeaderSplit = plan.state
+    hdr = plan.header
+    if "max_bytes" not in found.request:
+        return {}  # before v3 a Fetch has no budget of its own to bound what comes ahead
+    answered = {(key, found.response_layout.partition_index(p)): p for key, p in found.response_layout.entries(body)}
+    brokers = [d for d in found.by_leader if isinstance(d, int)]
+    share = plan.ctx.fetch_ahead_bytes // max(1, len(brokers))
+    request_layout = found.request_layout
+    out: dict[int, tuple[SubRequest, Hashable]] = {}
+    for broker in brokers:
+        sub = found.by_leader[broker]
+        ends: dict[TopicPartition, int] = {}
+        for key, p in request_layout.entries(sub):
+            tp = (key, request_layout.partition_index(p))
+            got = answered.get(tp)
+            end = None if got is None or got["error_code"] else records_end(got.get("records"))
+            if end is None:
+                break  # an error, or records kfan cannot read ahead of: the next Fetch is the client's to tell
+            if end > p["fetch_offset"]:
+                ends[tp] = end
+        else:
+            if not ends:
+                continue  # nothing came: no reason to think more is there
+            topics = []
+            for t in sub[request_layout.topics]:
+                key = t[request_layout.topic_key]
+                partitions = [
+                    {**p, "fetch_offset": ends.get((key, request_layout.partition_index(p)), p["fetch_offset"])}
+                    for p in t[request_layout.partitions]
+                ]
+                topics.append({**t, request_layout.partitions: partitions})
+            predicted = {**sub, request_layout.topics: topics}
+            ahead = {**predicted, "max_wait": 0, "min_bytes": 1, "max_bytes": max(1, min(predicted["max_bytes"], share))}
+            client_header = plan.subs[broker].tail[0][: hdr.body_offset - 8]
+            tail: Parts = [bytes(client_header), *encode_body(request_spec(hdr.api_key, hdr.api_version), ahead)]
+            out[broker] = (SubRequest(hdr.api_key, hdr.api_version, tail, True), fetch_key(hdr.api_version, predicted, request_layout))
+    return out
+
+
+_BATCH_HEAD = struct.Struct(">qiib")  # base offset, batch length, partition leader epoch, magic
+_LAST_OFFSET_DELTA = struct.Struct(">i")  # at byte 23 of a v2 batch
+
+
+def records_end(records: bytes | memoryview | None) -> int | None:
+    """The offset after the last whole v2 batch of ``records``; -1 when none is whole; None for older formats."""
+    if not records:
+        return -1
+    view = memoryview(records)
+    end, pos, n = -1, 0, len(view)
+    while pos + 27 <= n:
+        base, length, _, magic = _BATCH_HEAD.unpack_from(view, pos)
+        if magic != 2:
+            return None
+        if length < 49 or pos + 12 + length > n:
+            break  # cut short at the end of the partition's bytes: the client asks for it again
+        end = base + _LAST_OFFSET_DELTA.unpack_from(view, pos + 23)[0] + 1
+        pos += 12 + length
+    return end
 
 
 def _watermarks_of(answer: Struct, layout: Layout) -> dict[TopicPartition, Watermarks]:
@@ -352,6 +430,9 @@ class InflightFetches(Generic[H]):
             entry = self._by_broker.get(destination)
             if entry is not None and entry[1] is handle:
                 del self._by_broker[destination]
+
+    def holds(self, broker: int) -> bool:
+        return broker in self._by_broker
 
     def __len__(self) -> int:
         return len(self._by_broker)

@@ -148,7 +148,15 @@ class RememberWatermarks:
     watermarks: Mapping[TopicPartition, Watermarks]
 
 
-Effect = FoldMetadata | LearnCoordinators | ForgetCoordinators | RefreshTopology | RememberWatermarks
+@dataclass(frozen=True, slots=True)
+class FetchAhead:
+    """Sub-fetches to send now, ahead of the client's next Fetch (they stand in for its
+    sub-fetches when it asks exactly this): per broker, the request and the key it is kept by."""
+
+    subs: Mapping[int, tuple[SubRequest, Hashable]]
+
+
+Effect = FoldMetadata | LearnCoordinators | ForgetCoordinators | RefreshTopology | RememberWatermarks | FetchAhead
 
 
 @dataclass(slots=True)
@@ -185,6 +193,8 @@ class Context:
     watermarks: Mapping[TopicPartition, Watermarks] = field(default_factory=dict)
     # Check a Produce's record batches before they reach a broker (--validate-records crc).
     validate_records: bool = True
+    # Records this connection's sub-fetches sent ahead of its next Fetch may bring in (0: none are).
+    fetch_ahead_bytes: int = 0
 
 
 @dataclass(slots=True)

@@ -117,6 +117,8 @@ def context(looked_up: bool = False) -> Context:
         extra["coordinator_of"] = known_coordinator
     if "coordinators_looked_up" in names:
         extra["coordinators_looked_up"] = looked_up
+    if "fetch_ahead_bytes" in names:
+        extra["fetch_ahead_bytes"] = 16 << 20  # as kfan serves: Fetch merges also plan the sub-fetches sent ahead
     return Context(IDENTITY, TOPOLOGY, API_VERSIONS, **extra)
 
 
