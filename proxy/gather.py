@@ -31,6 +31,15 @@ async def gather(handles: Handles, receive: Receive, deadline: float) -> tuple[d
     """The answers in by ``deadline``, and the destinations still out then."""
     answers: dict[Destination, BrokerAnswer] = {d: h for d, h in handles.items() if isinstance(h, Failed)}
     outstanding = {d for d, h in handles.items() if not isinstance(h, Failed)}
+    if len(outstanding) == 1:
+        # One broker asked (most requests): wait for it here, without a task and a channel hop per answer.
+        (d,) = outstanding
+        handle = handles[d]
+        assert isinstance(handle, Pending)
+        with trio.move_on_at(deadline):
+            answers[d] = await receive(d, handle)
+            outstanding.clear()
+        return answers, outstanding
     send, arrivals = trio.open_memory_channel[tuple[Destination, BrokerAnswer]](math.inf)
     async with trio.open_nursery() as nursery:
         for d in outstanding:

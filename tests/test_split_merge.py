@@ -37,10 +37,11 @@ from proxy.core.leader import layouts_of
 from proxy.core.topology import Topology
 from proxy.kafka import apis, errors, schema
 from proxy.kafka.frames import FrameReader, frame
-from proxy.kafka.headers import parse_request_header, request_head, response_header
+from proxy.kafka.headers import parse_request_header, request_head, response_body_offset, response_header
 from tests.support import oracle
 from tests.support.core_inputs import ALL_VERSIONS, BROKERS, IDENTITY, effects_of
 from tests.support.kio_oracle import kio_decode, kio_encode, request_payload
+from tests.support.messages import answer_bytes
 from tests.support.records import record_batch
 
 PARTITIONED = [
@@ -282,6 +283,34 @@ def test_whole_request_to_one_broker_is_the_clients_own_bytes() -> None:
     assert isinstance(plan, Forward)
     (sub,) = plan.subs.values()
     assert request_head(sub.api_key, sub.api_version) + struct.pack(">i", 5) + b"".join(bytes(p) for p in sub.tail) == payload
+
+
+@pytest.mark.parametrize("named", [False, True])
+def test_one_brokers_clean_answer_is_passed_on_as_it_came_and_one_naming_a_broker_is_rewritten(named: bool) -> None:
+    import datetime
+
+    from kio.schema.produce.v10.request import PartitionProduceData, ProduceRequest, TopicProduceData
+
+    req = ProduceRequest(
+        acks=-1,
+        timeout=datetime.timedelta(seconds=1),
+        topic_data=(TopicProduceData(name="t", partition_data=(PartitionProduceData(index=0, records=record_batch(b"y" * 80)),)),),
+    )  # type: ignore[arg-type]
+    plan = plan_request(Context(IDENTITY, Topology(brokers=BROKERS, leaders={"t": {0: 2}}), ALL_VERSIONS), request_payload(req))
+    assert isinstance(plan, Forward)
+    partition = {"index": 0, "error_code": 0, "base_offset": 17, "log_append_time": -1, "log_start_offset": 0, "record_errors": [],
+                 "error_message": None, "current_leader": {"leader_id": 2 if named else -1, "leader_epoch": 3 if named else -1}}  # fmt: skip
+    answer = answer_bytes(apis.PRODUCE, 10, {"responses": [{"name": "t", "partition_responses": [partition]}], "throttle_time": 0})
+    reply = plan.merge(plan, {2: Response(answer)})
+    body = b"".join(bytes(p) for p in reply.body)
+    offset = response_body_offset(answer, apis.PRODUCE, 10)
+    if named:
+        merged = schema.decode_body(schema.response_spec(apis.PRODUCE, 10), body)
+        assert merged["responses"][0]["partition_responses"][0]["current_leader"]["leader_id"] == IDENTITY.node_id
+        assert body != answer[offset:]
+    else:
+        assert body == answer[offset:], "the broker's own bytes, not re-encoded"
+        assert isinstance(reply.body[0], memoryview)
 
 
 def test_fetch_partitions_not_answered_yet_report_their_last_marks() -> None:

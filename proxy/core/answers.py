@@ -43,6 +43,7 @@ class Decoded:
     bodies: dict[Destination, Struct] = field(default_factory=dict)
     failed: dict[Destination, int] = field(default_factory=dict)
     waiting: set[Destination] = field(default_factory=set)
+    names_brokers: bool = False  # a body named a broker (before its identity was hidden)
 
 
 def decode_answers(hdr: RequestHeader, answers: Answers, failure_code: int) -> Decoded:

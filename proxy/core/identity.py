@@ -39,6 +39,19 @@ def list_partition_reassignments(identity: Identity, request: Struct, response: 
     return {**response, "topics": _topics_as_kfan(identity.node_id, response["topics"])}, []
 
 
+def names_brokers(body: Struct, layout: Layout) -> bool:
+    """Whether a leader-split answer names a broker anywhere :func:`partitions` would hide it."""
+    if body.get("node_endpoints"):
+        return True
+    for t in body[layout.topics]:
+        for p in t[layout.partitions]:
+            if isinstance(p, dict) and (
+                p.get("preferred_read_replica", -1) >= 0 or (p.get("current_leader") or {}).get("leader_id", -1) >= 0
+            ):
+                return True
+    return False
+
+
 def partitions(identity: Identity, body: Struct, layout: Layout) -> list[Effect]:
     """Leader-split answers (Produce, Fetch, ...): hide broker identity in partition entries.
 

@@ -22,9 +22,9 @@ from ..kafka.headers import RequestHeader
 from ..kafka.records import Invalid
 from ..kafka.schema import Struct, encode_body, request_spec, response_spec
 from . import identity, layout
-from .answers import Decoded, decode_answers, reencoded, whole
+from .answers import Decoded, decode_answers, passthrough_body, reencoded, whole
 from .layout import Layout, TopicKey, TopicPartition
-from .plan import Answers, Context, Destination, Forward, LocalReply, PartitionFields, Plan, RefreshTopology, Reply, Route
+from .plan import Answers, Context, Destination, Forward, LocalReply, PartitionFields, Plan, RefreshTopology, Reply, Response, Route
 from .topology import Topology
 
 
@@ -157,9 +157,27 @@ def unroutable_reply(forward: Forward) -> LocalReply:
 
 
 def merge(plan: Forward, answers: Answers) -> Reply:
-    body, reply, _ = merge_partitions(plan, answers)
-    reply.body = encode_body(response_spec(plan.header.api_key, plan.header.api_version), body)
+    body, reply, decoded = merge_partitions(plan, answers)
+    found: LeaderSplit = plan.state
+    if _as_answered(plan, found, decoded, body, reply):
+        # One broker answered the whole request, no error to act on: its body goes as it came.
+        (answer,) = answers.values()
+        assert isinstance(answer, Response)
+        reply.body = passthrough_body(plan.header, answer.payload)
+    else:
+        reply.body = encode_body(response_spec(plan.header.api_key, plan.header.api_version), body)
     return reply
+
+
+def _as_answered(plan: Forward, found: LeaderSplit, decoded: Decoded, body: Struct, reply: Reply) -> bool:
+    """The merged body is the one broker's answer unchanged: nothing to rewrite or re-encode."""
+    if len(decoded.bodies) != 1 or decoded.failed or decoded.waiting or found.unroutable or reply.errors or reply.effects:
+        return False
+    if decoded.names_brokers:
+        return False
+    (only,) = decoded.bodies.values()
+    layout = found.response_layout
+    return layout.keys(only) == layout.keys(body)
 
 
 def merge_partitions(plan: Forward, answers: Answers) -> tuple[Struct, Reply, Decoded]:
@@ -195,6 +213,7 @@ def merge_partitions(plan: Forward, answers: Answers) -> tuple[Struct, Reply, De
         reply.errors[(code, -1)] += 1
     if found.moved() or found.unknown_topics() or decoded.failed:
         reply.effects.append(RefreshTopology())
+    decoded.names_brokers = any(identity.names_brokers(d, response_layout) for d in bodies.values())
     for effect in identity.partitions(plan.ctx.identity, body, response_layout):
         if effect not in reply.effects:
             reply.effects.append(effect)
