@@ -251,7 +251,8 @@ class Link:
         while True:
             payload = reader.next_frame()
             if payload is None:
-                n = await receive_into(stream, reader)
+                # A Fetch answer of several MiB (a partition's 1 MiB each) is received in place whole.
+                n = await receive_into(stream, reader, self.max_frame_bytes)
                 if not n:
                     raise LinkError(f"broker {self.broker_id} closed the connection")
                 received.inc(n)

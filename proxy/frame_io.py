@@ -59,13 +59,15 @@ def receive_size(reader: FrameReader) -> int:
     return max(READ_CHUNK, min(reader.wanted(), MAX_READ))
 
 
-async def receive_into(stream: trio.abc.Stream, reader: FrameReader) -> int:
+async def receive_into(stream: trio.abc.Stream, reader: FrameReader, max_in_place: int = MAX_IN_PLACE) -> int:
     """Read once from ``stream`` into ``reader``: the bytes read, 0 at end of stream.
 
     The rest of a large frame on a plain TCP stream is received straight into
     a buffer of the frame's size, so its bytes are copied once, by the kernel.
+    ``max_in_place``: the largest frame received so (a broker link, whose
+    answers no client sizes, may allow more than a client connection).
     """
-    buffer = reader.receive_buffer(READ_CHUNK, MAX_IN_PLACE) if isinstance(stream, trio.SocketStream) else None
+    buffer = reader.receive_buffer(READ_CHUNK, max_in_place) if isinstance(stream, trio.SocketStream) else None
     if buffer is None:
         data = await stream.receive_some(receive_size(reader))
         reader.feed(data)
