@@ -9,6 +9,7 @@ accepting, let every connection answer the requests it has read, close.
 from __future__ import annotations
 
 import logging
+import resource
 import socket
 from dataclasses import dataclass, field
 from functools import partial
@@ -69,6 +70,75 @@ class Running:
             log.info("stopping: every connection drained")
 
 
+# Descriptors kfan holds for itself: listeners, control-plane links, metrics requests, capture files, logs.
+_OWN_FDS = 64
+# Logged with the limit: what an operator sizes the hard limit by.
+_PER_CLIENT = "each client connection takes one, plus up to two per broker it talks to"
+
+
+def raise_fd_limit() -> int:
+    """Raise this process's soft limit on open descriptors to its hard limit; the soft limit now.
+
+    Every client connection takes one descriptor, and up to two per broker
+    it talks to (its links, :mod:`backends.links`): 500 clients of a 3-broker
+    cluster need up to 3,500, far past the soft limit of 1024 many Linux
+    machines start processes with. Only the hard limit is the operator's
+    choice (as Kafka's own brokers, kfan should run with a high one); the
+    soft limit is the process's own to raise.
+    """
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    # Linux refuses a soft limit above fs.nr_open even when the hard one is "unlimited".
+    target = hard if hard != resource.RLIM_INFINITY else _nr_open()
+    if soft == resource.RLIM_INFINITY or soft >= target:
+        log.info("open files: limit %s; %s", _limit_text(soft), _PER_CLIENT)
+        return soft
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+    except (OSError, ValueError) as e:
+        log.warning("open files: could not raise the soft limit %d to %d (%s); %s", soft, target, e, _PER_CLIENT)
+        return soft
+    log.info("open files: soft limit raised from %d to %d (the hard limit); %s", soft, target, _PER_CLIENT)
+    return target
+
+
+def check_fd_capacity(limit: int, brokers: int, max_connections: int) -> int:
+    """How many client connections the descriptor limit holds at worst; a warning when fewer than --max-connections.
+
+    Past the limit nothing crashes, but clients are served worse: accepting
+    waits (connections queue in the listen backlog), a broker link that cannot
+    open fails its request with a retriable error, a Metadata request whose
+    link fails closes its connection. Better said once at startup.
+    """
+    if limit == resource.RLIM_INFINITY or brokers < 1:
+        return max_connections
+    per_client = 1 + 2 * brokers
+    fits = max(0, (limit - _OWN_FDS) // per_client)
+    if fits < max_connections:
+        # INFO, not WARNING: with the defaults (10,000 connections) nearly every host would warn at every start.
+        log.info(
+            "open files: the limit %d holds about %d client connections using all %d brokers (up to %d descriptors each), "
+            "fewer than --max-connections %d: raise the hard limit (ulimit -Hn, systemd LimitNOFILE=) or lower --max-connections",
+            limit,
+            fits,
+            brokers,
+            per_client,
+            max_connections,
+        )
+    return fits
+
+
+def _nr_open() -> int:
+    try:
+        with open("/proc/sys/fs/nr_open") as f:
+            return int(f.read())
+    except (OSError, ValueError):
+        return 1024 * 1024  # Linux's default fs.nr_open
+
+
+def _limit_text(n: int) -> str:
+    return "unlimited" if n == resource.RLIM_INFINITY else str(n)
+
+
 async def _listen(host: str, port: int, reuse_port: bool) -> trio.SocketListener:
     """A listening socket; with ``reuse_port`` several processes share the port and the kernel spreads connections."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
@@ -82,6 +152,7 @@ async def _listen(host: str, port: int, reuse_port: bool) -> trio.SocketListener
 
 
 async def serve(config: ServerConfig, task_status: trio.TaskStatus[Running] = trio.TASK_STATUS_IGNORED) -> None:
+    fd_limit = raise_fd_limit()
     cluster = Cluster(
         config.bootstrap,
         refresh_interval=config.metadata_refresh_s,
@@ -97,6 +168,7 @@ async def serve(config: ServerConfig, task_status: trio.TaskStatus[Running] = tr
         if config.metrics_listen is not None:
             metrics_port = await nursery.start(metrics.serve_http, *config.metrics_listen, cluster.readiness)
         await nursery.start(cluster.run)
+        check_fd_capacity(fd_limit, len(cluster.topology.brokers), config.limits.max_connections)
         capture = Capture(config.capture) if config.capture is not None else None
         if capture is not None:
             nursery.start_soon(capture.run)
