@@ -1,4 +1,4 @@
-"""The ``kfan`` command: serve, demo, cluster."""
+"""The ``kfan`` command: serve, demo, cluster (and the lesser ones: replay, users, capture, bench)."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from typing import Any
 import trio
 
 from . import config
+from .bench.options import add_arguments as add_bench_arguments
 from .capture import CaptureConfig
 from .config import parse_address, parse_addresses
 from .connection import Limits
@@ -91,6 +92,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--port", type=int, action="append", required=True, help="a broker port in the file (repeatable: brokers on several ports)"
     )
     imp.add_argument("--out", required=True, metavar="DIR", help="capture directory to write")
+    b = sub.add_parser(
+        "bench",
+        help="measure the direct path and the path through kfan side by side: throughput, kfan's CPU per MB, latency",
+    )
+    add_bench_arguments(b)
     return parser
 
 
@@ -160,6 +166,7 @@ def _config(options: dict[str, Any], bootstrap: list[tuple[str, int]], reuse_por
             max_buffered_bytes=options["max_buffered_bytes"],
             max_connections=options["max_connections"],
             validate_records=options["validate_records"] == "crc",
+            fetch_ahead_bytes=options["fetch_ahead_bytes"],
         ),
         metrics_listen=options["metrics_listen"],
         reuse_port=reuse_port,
@@ -519,6 +526,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _cluster(args)
     if args.command == "users":
         return _users_add(args)
+    if args.command == "bench":
+        from .bench.run import run as bench
+
+        setup_logging("WARNING", False)
+        return bench(args)
     if args.command in ("replay", "capture"):
         setup_logging("WARNING", False)
         return _replay(args) if args.command == "replay" else _capture_import(args)

@@ -48,7 +48,10 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("proxy.budget", (STDLIB, THIRD_PARTY, "proxy.metrics")),  # nearly a leaf: the memory a client may make kfan hold
     ("proxy.capture.*", (STDLIB, THIRD_PARTY, *SHARED, "proxy.capture.*")),  # capture, pcap import, live replay
     ("spark.*", (STDLIB, THIRD_PARTY, *SHARED, "proxy.capture.*", "spark.*")),  # the Spark replay job
-    ("proxy.bench.*", (STDLIB, THIRD_PARTY, "proxy.kafka.*", "backends.mock", "proxy.bench.*")),  # kfan bench: a client of kfan, from outside
+    (
+        "proxy.bench.*",
+        (STDLIB, THIRD_PARTY, "proxy.kafka.*", "backends.mock", "proxy.bench.*"),
+    ),  # kfan bench: a client of kfan, from outside
     *((top, ANY) for top in TOP),
 ]
 
