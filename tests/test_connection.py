@@ -11,6 +11,7 @@ max_wait or timeouts pass at once in wall time.
 
 from __future__ import annotations
 
+import struct
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -65,12 +66,12 @@ def produce(cid: int, partitions: list[int], acks: int) -> bytes:
     return request_bytes(apis.PRODUCE, PRODUCE_V, {"transactional_id": None, "acks": acks, "timeout": 5000, "topic_data": data}, cid)
 
 
-def fetch(cid: int, partitions: list[int], max_wait_ms: int = 500, min_bytes: int = 1) -> bytes:
+def fetch(cid: int, partitions: list[int], max_wait_ms: int = 500, min_bytes: int = 1, offset: int = 0) -> bytes:
     parts = [
         {
             "partition": p,
             "current_leader_epoch": -1,
-            "fetch_offset": 0,
+            "fetch_offset": offset,
             "last_fetched_epoch": -1,
             "log_start_offset": -1,
             "partition_max_bytes": 1 << 20,
@@ -383,9 +384,47 @@ async def test_a_broker_failing_under_a_fetch_answers_not_leader(autojump_clock:
         assert part["error_code"] == 0 and bytes(part["records"]) == record_batch(b"data0")
 
 
-async def test_fetch_waits_on_an_idle_broker_only_until_its_watermarks_are_known(autojump_clock: trio.testing.MockClock) -> None:
-    """Broker 1 has data at once; broker 2 (partition 1) is idle and long-polls."""
+def fetch_offsets(req: BrokerRequest) -> list[tuple[int, int]]:
+    return [(p["partition"], p["fetch_offset"]) for t in req.body["topics"] for p in t["partitions"]]
+
+
+async def test_a_broker_that_returned_records_is_sent_the_next_fetch_ahead_and_it_answers_that_fetch(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
     async with serving() as h:
+        await h.client.send(fetch(1, [0], offset=0))
+        await answer_fetch(await h.brokers.next(1), 10, data=True)  # one batch: offset 0
+        cid, _ = await h.client.response(apis.FETCH, FETCH_V)
+        ahead = await h.brokers.next(1)
+        assert cid == 1 and fetch_offsets(ahead) == [(0, 1)], "sent before the client asks, from the offset after what it got"
+        assert ahead.body["max_wait"] == 0
+        batch = bytearray(record_batch(b"next"))
+        struct.pack_into(">q", batch, 0, 1)  # the record at offset 1 (the base offset is outside the CRC)
+        part = {"partition_index": 0, "error_code": 0, "high_watermark": 11, "last_stable_offset": 11, "log_start_offset": 0,
+                "aborted_transactions": None, "preferred_read_replica": -1, "records": bytes(batch)}  # fmt: skip
+        await ahead.answer({"throttle_time": 0, "error_code": 0, "session_id": 0, "responses": [{"topic": TOPIC, "partitions": [part]}]})
+        await trio.sleep(0.01)
+        # The client asks exactly that: answered from it, no sub-fetch for offset 1 goes out.
+        await h.client.send(fetch(2, [0], offset=1))
+        cid, body = await h.client.response(apis.FETCH, FETCH_V)
+        answered = by_partition(body, "responses", "partitions", "partition_index")[0]
+        assert cid == 2 and answered["high_watermark"] == 11 and bytes(answered["records"]) == bytes(batch)
+        following = await h.brokers.next(1)
+        assert fetch_offsets(following) == [(0, 2)], "the next one sent ahead, not offset 1 asked again"
+        await answer_fetch(following, 12, data=False)
+        # A client that asks other offsets is not answered from what was sent ahead.
+        await h.client.send(fetch(3, [0], offset=0))
+        asked = await h.brokers.next(1)
+        assert fetch_offsets(asked) == [(0, 0)]
+        await answer_fetch(asked, 13, data=True)
+        cid, body = await h.client.response(apis.FETCH, FETCH_V)
+        assert cid == 3 and by_partition(body, "responses", "partitions", "partition_index")[0]["high_watermark"] == 13
+
+
+async def test_fetch_waits_on_an_idle_broker_only_until_its_watermarks_are_known(autojump_clock: trio.testing.MockClock) -> None:
+    """Broker 1 has data at once; broker 2 (partition 1) is idle and long-polls. (Without fetching
+    ahead: this client asks offset 0 every time, and the scripted broker answers requests in order.)"""
+    async with serving(Limits(fetch_ahead_bytes=0)) as h:
         # 1. Nothing known of partition 1 yet: the Fetch waits for broker 2 up to max_wait (and its grace).
         start = trio.current_time()
         await h.client.send(fetch(1, [0, 1], max_wait_ms=500))
