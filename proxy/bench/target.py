@@ -14,7 +14,6 @@ it then has the partition count the brokers choose, which the report states.
 from __future__ import annotations
 
 import socket
-import struct
 import sys
 import time
 import uuid
@@ -25,9 +24,13 @@ from dataclasses import dataclass
 from confluent_kafka import KafkaError, KafkaException, Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
+from proxy.kafka import apis
+from proxy.kafka.frames import MIN_RESPONSE_FRAME, FrameReader, frame
+from proxy.kafka.headers import decode_response, encode_request_header
+from proxy.kafka.wire import Malformed
+
 from .errors import BenchError
 
-API_VERSIONS, CREATE_TOPICS, DELETE_TOPICS = 18, 19, 20
 EMBEDDED_BROKERS = 3
 TOPIC_READY_TIMEOUT_S = 30.0
 ADMIN_TIMEOUT_S = 30.0
@@ -63,7 +66,7 @@ def embedded(partitions: int) -> Iterator[Target]:
 def external(bootstrap: str, partitions: int, topic: str | None) -> Iterator[Target]:
     """A real cluster: ``topic`` as it is, or a fresh one created (and deleted on exit) with ``partitions`` partitions."""
     # First, and fast: a cluster that is not there fails here in a second, not at an admin client's timeout.
-    apis = api_keys(bootstrap)
+    served = api_keys(bootstrap)
     # log_level 5: not the informational lines the admin client prints as it is destroyed.
     admin = AdminClient({"bootstrap.servers": bootstrap, "log.connection.close": False, "log_level": 5})
     try:
@@ -75,7 +78,7 @@ def external(bootstrap: str, partitions: int, topic: str | None) -> Iterator[Tar
         yield Target("external", bootstrap, brokers, topic, found, "given with --topic, left as it was")
         return
     name = new_topic_name()
-    if CREATE_TOPICS in apis:
+    if apis.CREATE_TOPICS in served:
         replication = min(3, brokers)
         future = admin.create_topics([NewTopic(name, partitions, replication)], request_timeout=ADMIN_TIMEOUT_S)[name]
         try:
@@ -89,7 +92,7 @@ def external(bootstrap: str, partitions: int, topic: str | None) -> Iterator[Tar
         # Metadata request names (with its own default partition count).
         found = wait_for_topic(bootstrap, name, None, auto_create=True)
         note = "auto-created by a Metadata request: the brokers do not serve CreateTopics, so they chose the partition count"
-    deletable = DELETE_TOPICS in apis
+    deletable = apis.DELETE_TOPICS in served
     if not deletable:
         note += "; left in place (the brokers do not serve DeleteTopics)"
     try:
@@ -139,25 +142,17 @@ def api_keys(bootstrap: str, timeout: float = 10.0) -> set[int]:
         host, _, port = address.strip().rpartition(":")
         try:
             with socket.create_connection((host, int(port)), timeout=timeout) as sock:
-                client_id = b"kfan-bench"
-                body = struct.pack(">hhih", API_VERSIONS, 0, 1, len(client_id)) + client_id
-                sock.sendall(struct.pack(">i", len(body)) + body)
-                (size,) = struct.unpack(">i", _read(sock, 4))
-                answer = _read(sock, size)
-            _, error, count = struct.unpack_from(">ihi", answer)
-            if error:
-                raise BenchError(f"{address} answered ApiVersions with error {error}")
-            return {struct.unpack_from(">h", answer, 10 + 6 * i)[0] for i in range(count)}
-        except (OSError, ValueError, struct.error) as e:  # ValueError: not HOST:PORT
+                sock.sendall(frame([encode_request_header(apis.API_VERSIONS, 0, 1, "kfan-bench")]))
+                reader = FrameReader(min_frame_bytes=MIN_RESPONSE_FRAME)
+                while (payload := reader.next_frame()) is None:
+                    data = sock.recv(65536)
+                    if not data:
+                        raise OSError("connection closed")
+                    reader.feed(data)
+            answer = decode_response(payload, apis.API_VERSIONS, 0)
+            if answer["error_code"]:
+                raise BenchError(f"{address} answered ApiVersions with error {answer['error_code']}")
+            return {key["api_key"] for key in answer["api_keys"]}
+        except (OSError, ValueError, Malformed) as e:  # ValueError: not HOST:PORT
             last = e
     raise BenchError(f"no broker at {bootstrap} answered (ApiVersions): {last}")
-
-
-def _read(sock: socket.socket, n: int) -> bytes:
-    data = b""
-    while len(data) < n:
-        chunk = sock.recv(n - len(data))
-        if not chunk:
-            raise OSError("connection closed")
-        data += chunk
-    return data
