@@ -10,6 +10,7 @@ in-memory streams in tests), get the parts joined once.
 from __future__ import annotations
 
 import os
+import struct
 from collections.abc import Iterable
 
 import trio
@@ -26,28 +27,30 @@ MAX_READ = 1024 * 1024
 # answer of many MiB) in chunks, so no single allocation outruns the memory
 # pool that bounds what clients make kfan buffer.
 MAX_IN_PLACE = 8 * 1024 * 1024
+_SIZE = struct.Struct(">i")
 _IOV_MAX = min(os.sysconf("SC_IOV_MAX") if hasattr(os, "sysconf") else 1024, 1024)
 
 
 async def send_frame(stream: trio.abc.Stream, parts: Iterable[bytes | memoryview]) -> int:
     """Write the frame of ``parts`` (their size prefix added here); the bytes written."""
     framed = frame_parts(parts)
-    total = sum(len(p) for p in framed)
+    total = 4 + _SIZE.unpack(framed[0])[0]  # the payload's size, summed once by frame_parts
     if total < JOIN_BELOW or not isinstance(stream, trio.SocketStream):
         await stream.send_all(b"".join(framed))
         return total
     views = [memoryview(p).cast("B") for p in framed if len(p)]
     sock = stream.socket
+    first = 0  # views before it are written
     try:
-        while views:
-            sent = await sock.sendmsg(views[:_IOV_MAX])
+        while first < len(views):
+            sent = await sock.sendmsg(views[first : first + _IOV_MAX])
             while sent:
-                first = len(views[0])
-                if sent >= first:
-                    sent -= first
-                    views.pop(0)
+                n = len(views[first])
+                if sent >= n:
+                    sent -= n
+                    first += 1
                 else:
-                    views[0] = views[0][sent:]
+                    views[first] = views[first][sent:]
                     sent = 0
     except OSError as e:
         raise trio.BrokenResourceError(f"socket connection broken: {e}") from e
