@@ -26,10 +26,13 @@ from proxy.core import (
     Effect,
     FoldMetadata,
     ForgetCoordinators,
+    ForgetReadReplicas,
     LearnCoordinators,
+    LearnReadReplicas,
     RefreshTopology,
     advertised_versions,
 )
+from proxy.core.read_replicas import ReadReplicaKey, ReadReplicas
 from proxy.core.topology import Topology
 
 from .control import ControlLinks, control_version
@@ -106,8 +109,14 @@ class Cluster:
         request_timeout: float = 10.0,
         max_frame_bytes: int = 100 * 1024 * 1024,
         security: BrokerSecurity | None = None,
+        rack: str = "",
+        read_replica_max_age: float = 300.0,
     ) -> None:
+        """``rack``: kfan's own (--rack); ``read_replica_max_age``: how long a leader's preferred read replica is followed."""
         self.bootstrap = bootstrap
+        self.rack = rack
+        # Process-wide: one leader's answer serves every client of that rack.
+        self.read_replicas = ReadReplicas(read_replica_max_age)
         self.problem: str | None = None  # why kfan is not ready, for /readyz
         self.security = security if security is not None else BrokerSecurity()
         self.refresh_interval = refresh_interval
@@ -294,6 +303,14 @@ class Cluster:
                     self.coordinators.forget(c)
             elif isinstance(effect, RefreshTopology):
                 self.request_refresh()
+            elif isinstance(effect, LearnReadReplicas):
+                self.read_replicas.learn(effect.replicas, trio.current_time())
+            elif isinstance(effect, ForgetReadReplicas):
+                self.read_replicas.forget(effect.keys)
+
+    def read_replica(self, key: ReadReplicaKey) -> int | None:
+        """The preferred read replica a leader named for this rack and partition, while it holds."""
+        return self.read_replicas.get(key, trio.current_time())
 
     def fold_metadata(self, metadata: Mapping[str, Any]) -> None:
         if metadata["brokers"]:  # an answer naming no broker would leave nothing to route to

@@ -156,6 +156,8 @@ def _config(options: dict[str, Any], bootstrap: list[tuple[str, int]], reuse_por
         advertise=options["advertise"],
         node_id=options["node_id"],
         metadata_refresh_s=options["metadata_refresh"],
+        rack=options["rack"] or "",
+        read_replica_max_age_s=options["read_replica_max_age"],
         limits=Limits(
             max_frame_bytes=options["max_frame_bytes"],
             max_inflight=options["max_inflight"],

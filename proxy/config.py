@@ -121,6 +121,20 @@ OPTIONS: tuple[Option, ...] = (
     Option("idle-timeout", float, 600.0, "close a client connection idle this long (Kafka's connections.max.idle.ms)", "SECONDS"),
     Option("frame-timeout", float, 30.0, "close a client that takes longer than this to send a request or to read a response", "SECONDS"),
     Option("metadata-refresh", float, 30.0, "seconds between topology refreshes (leadership errors refresh at once)", "SECONDS"),
+    Option(
+        "rack",
+        str,
+        None,
+        "kfan's own zone (Kafka's client.rack): Fetches go to a replica in it where the leader names one; a client's own rack wins",
+        "ZONE",
+    ),
+    Option(
+        "read-replica-max-age",
+        float,
+        300.0,
+        "seconds a leader's preferred read replica is followed before the leader is asked again (Kafka's metadata.max.age.ms)",
+        "SECONDS",
+    ),
     Option("shutdown-timeout", float, 25.0, "on SIGTERM, seconds to finish in-flight requests before closing", "SECONDS"),
     Option(
         "validate-records",

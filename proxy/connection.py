@@ -425,6 +425,8 @@ class ClientConnection:
             slot.done.set()
             return
         _count_errors(reply.errors)
+        for (broker, locality), n in reply.fetched.items():
+            metrics.FETCH_BYTES.labels(str(broker), locality).inc(n)
         self._answer(slot, plan.header, reply.body, handles, answers)
 
     async def _sent(self, handles: Handles) -> None:

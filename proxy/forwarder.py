@@ -113,6 +113,8 @@ class Forwarder:
             self.watermarks,
             self.validate_records,
             self.fetch_ahead_bytes,
+            cluster.rack,
+            cluster.read_replica,
         )
 
     def broker_wait(self, plan: Forward) -> float:

@@ -42,6 +42,11 @@ BROKER_CONNECTIONS = Gauge("kfan_broker_connections", "Open connections to broke
 ERRORS = Counter(
     "kfan_errors", "Kafka error codes in answers to clients, by error code and broker (-1: kfan itself)", ["error_code", "broker"]
 )
+FETCH_BYTES = Counter(
+    "kfan_fetch_bytes",
+    "Bytes of records brokers sent kfan in Fetch answers, by broker and its locality to kfan (--rack): same-rack, cross-rack, unknown",
+    ["broker", "locality"],
+)
 REFRESHES = Counter("kfan_topology_refreshes", "Topology refreshes, by result", ["result"])
 TOPOLOGY_AGE = Gauge("kfan_topology_age_seconds", "Seconds since the topology was last refreshed", multiprocess_mode="max")
 CAPTURE_DROPPED = Counter("kfan_capture_dropped", "Captured exchanges dropped because the capture writer lagged")

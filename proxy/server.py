@@ -36,6 +36,8 @@ class ServerConfig:
     advertise: tuple[str, int] | None = None  # defaults to the listen address
     node_id: int = 0
     metadata_refresh_s: float = 30.0
+    rack: str = ""  # kfan's own zone (--rack): sub-fetches carry it, to be served by replicas there
+    read_replica_max_age_s: float = 300.0
     limits: Limits = field(default_factory=Limits)
     metrics_listen: tuple[str, int] | None = None
     reuse_port: bool = False  # several worker processes share the listen port
@@ -158,6 +160,8 @@ async def serve(config: ServerConfig, task_status: trio.TaskStatus[Running] = tr
         refresh_interval=config.metadata_refresh_s,
         max_frame_bytes=config.limits.max_frame_bytes,
         security=config.security.broker,
+        rack=config.rack,
+        read_replica_max_age=config.read_replica_max_age_s,
     )
     if config.security.client_auth is not None:
         cluster.local_versions = dict(SASL_VERSIONS)

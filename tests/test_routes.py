@@ -36,6 +36,7 @@ from proxy.core import (
     Identity,
     KeyType,
     LearnCoordinators,
+    LearnReadReplicas,
     LocalReply,
     RefreshTopology,
     RememberWatermarks,
@@ -246,7 +247,8 @@ CASES: list[Golden] = [
             ],
             "node_endpoints": [KFAN_BROKER],
         },
-        effects=(RememberWatermarks({(ORDERS_ID, 1): (25, 25, 0), (ORDERS_ID, 0): (15, 15, 0)}),),
+        # Partition 1's leader named broker 3 its preferred read replica: kfan follows it from now on (KIP-392).
+        effects=(LearnReadReplicas({("", "orders", 1): 3}), RememberWatermarks({(ORDERS_ID, 1): (25, 25, 0), (ORDERS_ID, 0): (15, 15, 0)})),
     ),
     Golden(
         "ListOffsets",

@@ -29,8 +29,9 @@ from ..kafka.headers import RequestHeader
 from ..kafka.schema import Struct, encode_body, request_spec, response_spec
 from ..kafka.wire import Malformed, Parts
 from . import leader
-from .answers import decode_answer
-from .layout import Layout, TopicPartition
+from .answers import Decoded, decode_answer
+from .layout import Layout, TopicKey, TopicPartition
+from .layout import error_entry as layout_error_entry
 from .plan import (
     NOT_YET,
     Answers,
@@ -41,6 +42,8 @@ from .plan import (
     Failed,
     FetchAhead,
     FetchForward,
+    ForgetReadReplicas,
+    LearnReadReplicas,
     LocalReply,
     Plan,
     RememberWatermarks,
@@ -50,6 +53,8 @@ from .plan import (
     SubRequest,
     Watermarks,
 )
+from .read_replicas import ReadReplicaKey
+from .topology import Topology
 
 # A failed broker's partitions get NOT_LEADER_OR_FOLLOWER, which every
 # consumer handles quietly by refreshing metadata and fetching again (the
@@ -66,7 +71,16 @@ def plan(route: Route, ctx: Context, hdr: RequestHeader, payload: memoryview, re
         return LocalReply(hdr, True, _session_error(hdr))
     rewritten = request.get("session_id", 0) != 0 or request.get("session_epoch", -1) != -1
     request = {**request, "session_id": 0, "session_epoch": -1, "forgotten_topics_data": []}
-    found = leader.split(route, ctx, hdr, request)
+    unusable: set[ReadReplicaKey] = set()
+    prefer = None
+    if "rack_id" in request:  # v11+ (KIP-392)
+        # The client's own rack wins; kfan's stands in for clients that name none.
+        rack = request["rack_id"] or ctx.rack
+        if rack != request["rack_id"]:
+            request["rack_id"] = rack
+            rewritten = True
+        prefer = _read_replica_router(ctx, rack, unusable)
+    found = leader.split(route, ctx, hdr, request, prefer=prefer)
     assert route.merge is not None
     forward = FetchForward(
         hdr,
@@ -81,8 +95,29 @@ def plan(route: Route, ctx: Context, hdr: RequestHeader, payload: memoryview, re
         min_bytes=request["min_bytes"],
         keys={d: fetch_key(hdr.api_version, sub, found.request_layout) for d, sub in found.by_leader.items()},
         partitions={d: frozenset(found.request_layout.keys(sub)) for d, sub in found.by_leader.items()},
+        unusable_replicas=frozenset(unusable),
     )
     return forward if forward.subs else leader.unroutable_reply(forward)
+
+
+def _read_replica_router(ctx: Context, rack: str, unusable: set[ReadReplicaKey]) -> Callable[[TopicKey, int, int], int | None]:
+    """Where a partition's sub-fetch goes: the preferred read replica its leader named for ``rack``, while kfan can
+    read from it (a live broker, in sync); None: the leader. Preferences found unusable are collected to be forgotten."""
+    topology = ctx.topology
+
+    def prefer(key: TopicKey, partition: int, lead: int) -> int | None:
+        name = leader.topic_name(topology, key)
+        if name is None:
+            return None
+        replica = ctx.read_replica((rack, name, partition))
+        if replica is None or replica == lead:
+            return None
+        if not topology.can_read_from(name, partition, replica):
+            unusable.add((rack, name, partition))
+            return None
+        return replica
+
+    return prefer
 
 
 def _session_error(hdr: RequestHeader) -> Parts:
@@ -114,21 +149,107 @@ def fetch_key(version: int, sub: Struct, layout: Layout) -> Hashable:
 
 
 def merge(plan: FetchForward, answers: Answers) -> Reply:  # type: ignore[override]
-    body, reply, decoded = leader.merge_partitions(plan, answers)
+    rerouted: set[Destination] = set()
+
+    def read_replicas(body: Struct, decoded: Decoded, reply: Reply) -> None:
+        rerouted.update(_follow_read_replicas(plan, body, decoded, reply))
+
+    body, reply, decoded = leader.merge_partitions(plan, answers, read_replicas)
     found: leader.LeaderSplit = plan.state
     waiting = {tp for tp, d in found.leader_of.items() if d in decoded.waiting}
     seen = _finish(body, found.request, found.response_layout, decoded.bodies, waiting, plan.ctx.watermarks)
     if seen:
         reply.effects.append(RememberWatermarks(seen))
     if plan.ctx.fetch_ahead_bytes > 0:
-        ahead = _fetch_ahead(plan, body)
+        ahead = _fetch_ahead(plan, body, rerouted)
         if ahead:
             reply.effects.append(FetchAhead(ahead))
     reply.body = encode_body(response_spec(plan.header.api_key, plan.header.api_version), body)
     return reply
 
 
-def _fetch_ahead(plan: FetchForward, body: Struct) -> dict[int, tuple[SubRequest, Hashable]]:
+def _follow_read_replicas(plan: FetchForward, body: Struct, decoded: Decoded, reply: Reply) -> set[Destination]:
+    """Follow the preferred read replicas leaders named (KIP-392), before the client's answer hides them.
+
+    - A leader naming a replica kfan can read from: remember it (the partition's
+      next sub-fetches go there). Its answer has no records; the client just asks again.
+    - A replica answering an error or failing (OFFSET_NOT_AVAILABLE, OFFSET_OUT_OF_RANGE
+      for an offset it has not caught up to, NOT_LEADER_OR_FOLLOWER, FENCED_LEADER_EPOCH,
+      a broker failure, ...): forget it; the client is told "no data yet" (with the
+      watermarks it last saw) and asks again, of the leader. An error from the
+      leader's own log reaches it from there, once, as it would directly.
+    - A replica's answer: its last stable offset is held to its high watermark
+      (a follower cannot know of more; the mock reports the leader's).
+
+    Also counts the bytes of records each broker sent, by locality. Returns
+    the destinations whose partitions now go elsewhere (no fetching ahead to them).
+    """
+    found: leader.LeaderSplit = plan.state
+    ctx = plan.ctx
+    topology = ctx.topology
+    layout = found.response_layout
+    for destination, d in decoded.bodies.items():
+        if isinstance(destination, int):
+            sent = sum(len(p.get("records") or b"") for _, p in layout.entries(d))
+            reply.fetched[(destination, locality(topology, ctx.rack, destination))] += sent
+    rack = found.request.get("rack_id")
+    if rack is None:
+        return set()  # before v11 a leader names no replica
+    learned: dict[ReadReplicaKey, int] = {}
+    forget = set(plan.unusable_replicas)
+    rerouted: set[Destination] = set()
+    for t in body[layout.topics]:
+        key = t[layout.topic_key]
+        name = leader.topic_name(topology, key)
+        partitions = t[layout.partitions]
+        for i, p in enumerate(partitions):
+            index = p["partition_index"]
+            source = found.leader_of.get((key, index))
+            if source is None or source in decoded.waiting or name is None:
+                continue
+            if (key, index) in found.replicas:
+                if p["error_code"] != errors.NONE:
+                    forget.add((rack, name, index))
+                    rerouted.add(source)
+                    partitions[i] = _no_data_yet(layout, index, ctx.watermarks.get((key, index)))
+                elif 0 <= p["high_watermark"] < p.get("last_stable_offset", -1):
+                    p["last_stable_offset"] = p["high_watermark"]
+                continue
+            replica = p.get("preferred_read_replica", -1)
+            if replica >= 0 and replica != source and topology.can_read_from(name, index, replica):
+                learned[(rack, name, index)] = replica
+                rerouted.add(source)
+    if learned:
+        reply.effects.append(LearnReadReplicas(learned))
+    if forget:
+        reply.effects.append(ForgetReadReplicas(frozenset(forget)))
+    return rerouted
+
+
+def _no_data_yet(layout: Layout, index: int, watermarks: Watermarks | None) -> Struct:
+    """A partition whose replica could not serve it, as its leader would answer an offset with nothing new yet.
+
+    Without watermarks to report (a broker never reports -1 with no error) it
+    is a NOT_LEADER_OR_FOLLOWER instead, which every client retries quietly.
+    """
+    if watermarks is None:
+        return layout_error_entry(layout, index, errors.NOT_LEADER_OR_FOLLOWER)
+    entry = layout_error_entry(layout, index, errors.NONE)
+    for name, value in zip(_WATERMARKS, watermarks, strict=True):
+        if name in entry:
+            entry[name] = value
+    return entry
+
+
+def locality(topology: Topology, rack: str, broker: int) -> str:
+    """Where a broker sits from kfan: same-rack, cross-rack, or unknown (kfan's rack or the broker's not known)."""
+    b = topology.brokers.get(broker)
+    if not rack or b is None or not b.rack:
+        return "unknown"
+    return "same-rack" if b.rack == rack else "cross-rack"
+
+
+def _fetch_ahead(plan: FetchForward, body: Struct, rerouted: set[Destination]) -> dict[int, tuple[SubRequest, Hashable]]:
     """The sub-fetches the client's next Fetch will ask, for the brokers that just returned records.
 
     A consumer asks next from the offset after the last whole batch it got
@@ -144,7 +265,7 @@ def _fetch_ahead(plan: FetchForward, body: Struct) -> dict[int, tuple[SubRequest
     if "max_bytes" not in found.request:
         return {}  # before v3 a Fetch has no budget of its own to bound what comes ahead
     answered = {(key, found.response_layout.partition_index(p)): p for key, p in found.response_layout.entries(body)}
-    brokers = [d for d in found.by_leader if isinstance(d, int)]
+    brokers = [d for d in found.by_leader if isinstance(d, int) and d not in rerouted]
     share = plan.ctx.fetch_ahead_bytes // max(1, len(brokers))
     request_layout = found.request_layout
     out: dict[int, tuple[SubRequest, Hashable]] = {}

@@ -13,7 +13,7 @@ topology is refreshed. Where the partitions sit in each API's messages is the
 from __future__ import annotations
 
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from functools import cache
 
@@ -54,7 +54,9 @@ class LeaderSplit:
     request_layout: Layout
     response_layout: Layout
     by_leader: dict[Destination, Struct] = field(default_factory=dict)  # the sub-request bodies
+    # Where each partition went: its leader, or the replica in ``replicas``.
     leader_of: dict[TopicPartition, Destination] = field(default_factory=dict)
+    replicas: dict[TopicPartition, int] = field(default_factory=dict)  # sent to this replica rather than the leader
     unroutable: dict[TopicPartition, int] = field(default_factory=dict)  # -> the error it is answered with
 
     def unknown_topics(self) -> set[TopicKey]:
@@ -70,9 +72,18 @@ _UNKNOWN = frozenset({errors.UNKNOWN_TOPIC_OR_PARTITION, errors.UNKNOWN_TOPIC_ID
 
 
 def split(
-    route: Route, ctx: Context, hdr: RequestHeader, request: Struct, refuse: Mapping[TopicPartition, int] | None = None
+    route: Route,
+    ctx: Context,
+    hdr: RequestHeader,
+    request: Struct,
+    refuse: Mapping[TopicPartition, int] | None = None,
+    prefer: Callable[[TopicKey, int, int], int | None] | None = None,
 ) -> LeaderSplit:
-    """``refuse``: partitions answered at once with that error code, sent to no broker."""
+    """``refuse``: partitions answered at once with that error code, sent to no broker.
+
+    ``prefer(topic, partition, leader)``: another replica to send the partition to (a Fetch's
+    preferred read replica); None: its leader.
+    """
     topology = ctx.topology
     request_layout, response_layout = layouts_of(route, hdr.api_version)
     refuse = refuse or {}
@@ -90,8 +101,24 @@ def split(
     else:
         route_to = leader
 
+    replicas: dict[TopicPartition, int] = {}
+    if prefer is not None:
+        to_leader = route_to
+
+        def to_preferred(key: TopicKey, partition: int) -> int | None:
+            lead = to_leader(key, partition)
+            if lead is None:
+                return None
+            replica = prefer(key, partition, lead)
+            if replica is None:
+                return lead
+            replicas[(key, partition)] = replica
+            return replica
+
+        route_to = to_preferred
+
     by_leader, unroutable = layout.split(request, request_layout, route_to)
-    out = LeaderSplit(request, request_layout, response_layout, by_leader)  # type: ignore[arg-type]
+    out = LeaderSplit(request, request_layout, response_layout, by_leader, replicas=replicas)  # type: ignore[arg-type]
     for tp in unroutable:
         if tp in refuse:
             out.unroutable[tp] = refuse[tp]
@@ -180,8 +207,13 @@ def _as_answered(plan: Forward, found: LeaderSplit, decoded: Decoded, body: Stru
     return layout.keys(only) == layout.keys(body)
 
 
-def merge_partitions(plan: Forward, answers: Answers) -> tuple[Struct, Reply, Decoded]:
-    """The merged response (decoded, to be finished by the caller), its effects, and the answers as read."""
+def merge_partitions(
+    plan: Forward, answers: Answers, before_identity: Callable[[Struct, Decoded, Reply], None] | None = None
+) -> tuple[Struct, Reply, Decoded]:
+    """The merged response (decoded, to be finished by the caller), its effects, and the answers as read.
+
+    ``before_identity``: reads the merged body while it still names brokers (a Fetch's preferred read replicas).
+    """
     found: LeaderSplit = plan.state
     hdr = plan.header
     # An undecodable answer may still have been acted on (a Produce written).
@@ -214,6 +246,8 @@ def merge_partitions(plan: Forward, answers: Answers) -> tuple[Struct, Reply, De
     if found.moved() or found.unknown_topics() or decoded.failed:
         reply.effects.append(RefreshTopology())
     decoded.names_brokers = any(identity.names_brokers(d, response_layout) for d in bodies.values())
+    if before_identity is not None:
+        before_identity(body, decoded, reply)
     for effect in identity.partitions(plan.ctx.identity, body, response_layout):
         if effect not in reply.effects:
             reply.effects.append(effect)

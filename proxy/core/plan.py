@@ -25,6 +25,7 @@ from ..kafka.records import Invalid
 from ..kafka.schema import Struct
 from ..kafka.wire import Parts
 from .layout import TopicKey, TopicPartition
+from .read_replicas import ReadReplicaKey
 from .topology import Topology
 
 
@@ -156,7 +157,30 @@ class FetchAhead:
     subs: Mapping[int, tuple[SubRequest, Hashable]]
 
 
-Effect = FoldMetadata | LearnCoordinators | ForgetCoordinators | RefreshTopology | RememberWatermarks | FetchAhead
+@dataclass(frozen=True, slots=True)
+class LearnReadReplicas:
+    """Leaders named these preferred read replicas (KIP-392): fetch those partitions from them."""
+
+    replicas: Mapping[ReadReplicaKey, int]
+
+
+@dataclass(frozen=True, slots=True)
+class ForgetReadReplicas:
+    """These preferences ended (the replica erred or failed, or can no longer be read from): back to the leader."""
+
+    keys: frozenset[ReadReplicaKey]
+
+
+Effect = (
+    FoldMetadata
+    | LearnCoordinators
+    | ForgetCoordinators
+    | RefreshTopology
+    | RememberWatermarks
+    | FetchAhead
+    | LearnReadReplicas
+    | ForgetReadReplicas
+)
 
 
 @dataclass(slots=True)
@@ -169,12 +193,18 @@ class Reply:
     errors: Counter[tuple[int, int]] = field(default_factory=Counter)
     # The one broker asked failed or answered undecodably: another may answer.
     broker_failed: bool = False
+    # (broker id, locality: same-rack, cross-rack or unknown) -> bytes of records it sent (Fetch), for metrics.
+    fetched: Counter[tuple[int, str]] = field(default_factory=Counter)
 
 
 # --- what to do with a request ---------------------------------------------------------------
 
 
 def _no_coordinator(c: Coordinator) -> int | None:
+    return None
+
+
+def _no_read_replica(key: ReadReplicaKey) -> int | None:
     return None
 
 
@@ -195,6 +225,10 @@ class Context:
     validate_records: bool = True
     # Records this connection's sub-fetches sent ahead of its next Fetch may bring in (0: none are).
     fetch_ahead_bytes: int = 0
+    # kfan's own rack (--rack; "" when unset): sub-fetches carry it unless the client names its own.
+    rack: str = ""
+    # The preferred read replica a leader named for this rack and partition, while it holds (the I/O layer's store).
+    read_replica: Callable[[ReadReplicaKey], int | None] = _no_read_replica
 
 
 @dataclass(slots=True)
@@ -247,6 +281,8 @@ class FetchForward(Forward):
     min_bytes: int = 1
     keys: dict[Destination, Hashable] = field(default_factory=dict)  # per sub-fetch, what it asks, order aside
     partitions: dict[Destination, frozenset[TopicPartition]] = field(default_factory=dict)
+    # Preferred read replicas found unusable while planning (gone from the cluster or the ISR): forget them.
+    unusable_replicas: frozenset[ReadReplicaKey] = frozenset()
 
 
 Plan = LocalReply | NeedCoordinators | Forward

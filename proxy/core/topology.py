@@ -33,6 +33,8 @@ class Topology:
     topic_ids: Mapping[uuid.UUID, str] = field(default_factory=dict)
     cluster_id: str | None = None
     controller_id: int = NO_LEADER
+    # topic name -> partition index -> the in-sync replicas (a follower to read from must be one)
+    isr: Mapping[str, Mapping[int, frozenset[int]]] = field(default_factory=dict)
 
     def leader(self, topic: str, partition: int) -> int | None:
         """The leading broker, or None when the partition or its leader is unknown."""
@@ -54,6 +56,13 @@ class Topology:
                     out[leader] = out.get(leader, 0) + 1
         return out
 
+    def can_read_from(self, topic: str, partition: int, replica: int) -> bool:
+        """A live broker kfan can reach, in sync for the partition as far as the last Metadata said."""
+        if replica not in self.brokers:
+            return False
+        isr = self.isr.get(topic, {}).get(partition)
+        return isr is None or replica in isr
+
     def topic_name(self, topic_id: uuid.UUID) -> str | None:
         return self.topic_ids.get(topic_id)
 
@@ -65,14 +74,17 @@ class Topology:
         brokers = {b["node_id"]: Broker(b["node_id"], b["host"], b["port"], b.get("rack")) for b in response["brokers"]}
         leaders = dict(self.leaders)
         topic_ids = dict(self.topic_ids)
+        isr = dict(self.isr)
         for t in response["topics"]:
             name = t.get("name")
             if name is None:
                 continue
             if t["error_code"] != 0 and not t["partitions"]:
                 leaders.pop(name, None)
+                isr.pop(name, None)
                 continue
             leaders[name] = {p["partition_index"]: p["leader_id"] for p in t["partitions"]}
+            isr[name] = {p["partition_index"]: frozenset(p.get("isr_nodes") or ()) for p in t["partitions"]}
             tid = t.get("topic_id")
             if tid is not None and tid.int != 0:
                 topic_ids[tid] = name
@@ -82,11 +94,14 @@ class Topology:
             topic_ids=topic_ids,
             cluster_id=response.get("cluster_id", self.cluster_id),
             controller_id=response.get("controller_id", self.controller_id),
+            isr=isr,
         )
 
     def without_topics(self, names: Iterable[str]) -> Topology:
-        leaders = {k: v for k, v in self.leaders.items() if k not in set(names)}
-        return Topology(self.brokers, leaders, self.topic_ids, self.cluster_id, self.controller_id)
+        gone = set(names)
+        leaders = {k: v for k, v in self.leaders.items() if k not in gone}
+        isr = {k: v for k, v in self.isr.items() if k not in gone}
+        return Topology(self.brokers, leaders, self.topic_ids, self.cluster_id, self.controller_id, isr)
 
     def to_json(self) -> str:
         return json.dumps(
@@ -96,6 +111,7 @@ class Topology:
                 "topic_ids": {str(k): v for k, v in self.topic_ids.items()},
                 "cluster_id": self.cluster_id,
                 "controller_id": self.controller_id,
+                "isr": {t: {str(p): sorted(nodes) for p, nodes in ps.items()} for t, ps in self.isr.items()},
             },
             sort_keys=True,
         )
@@ -109,4 +125,6 @@ class Topology:
             topic_ids={uuid.UUID(k): v for k, v in d["topic_ids"].items()},
             cluster_id=d["cluster_id"],
             controller_id=d["controller_id"],
+            # Captures made before kfan read from followers have none.
+            isr={t: {int(p): frozenset(nodes) for p, nodes in ps.items()} for t, ps in d.get("isr", {}).items()},
         )
