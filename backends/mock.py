@@ -90,6 +90,9 @@ def _load() -> ctypes.CDLL:
         "rd_kafka_mock_cluster_bootstraps": (cstr, [vp]),
         "rd_kafka_mock_topic_create": (cint, [vp, cstr, cint, cint]),
         "rd_kafka_mock_partition_set_leader": (cint, [vp, cstr, i32, i32]),
+        "rd_kafka_mock_partition_set_follower": (cint, [vp, cstr, i32, i32]),
+        "rd_kafka_mock_partition_set_follower_wmarks": (cint, [vp, cstr, i32, ctypes.c_int64, ctypes.c_int64]),
+        "rd_kafka_mock_broker_set_rack": (cint, [vp, i32, cstr]),
         "rd_kafka_mock_broker_set_down": (cint, [vp, i32]),
         "rd_kafka_mock_broker_set_up": (cint, [vp, i32]),
         "rd_kafka_mock_broker_set_rtt": (cint, [vp, i32, cint]),
@@ -216,7 +219,32 @@ class MockCluster:
         err = self._lib.rd_kafka_mock_partition_set_leader(self._cluster(), topic.encode(), partition, broker)
         self._check(err, f"set_leader({topic!r}, {partition}, {broker})")
 
+    def set_follower(self, topic: str, partition: int, broker: int) -> None:
+        """Make ``broker`` the preferred read replica the partition's leader names (KIP-392); -1: none.
+
+        The mock's leader then names it in every Fetch v11+ it answers, whatever
+        the request's rack_id, and returns no records; the follower serves the
+        partition's log between its own watermarks. It keeps naming a follower
+        that is down (Kafka's leader stops naming a replica that left the
+        cluster or the ISR): set -1 to play that part.
+        """
+        err = self._lib.rd_kafka_mock_partition_set_follower(self._cluster(), topic.encode(), partition, broker)
+        self._check(err, f"set_follower({topic!r}, {partition}, {broker})")
+
+    def set_follower_wmarks(self, topic: str, partition: int, low: int, high: int) -> None:
+        """The follower's log start and high watermark (a lagging follower); -1 follows the leader's.
+
+        A Fetch to the follower for an offset past ``high`` (and short of the
+        leader's end) answers OFFSET_OUT_OF_RANGE.
+        """
+        err = self._lib.rd_kafka_mock_partition_set_follower_wmarks(self._cluster(), topic.encode(), partition, low, high)
+        self._check(err, f"set_follower_wmarks({topic!r}, {partition}, {low}, {high})")
+
     # -- brokers -------------------------------------------------------------
+
+    def set_rack(self, broker: int, rack: str) -> None:
+        """The broker's rack (broker.rack), as Metadata reports it."""
+        self._check(self._lib.rd_kafka_mock_broker_set_rack(self._cluster(), broker, rack.encode()), f"set_rack({broker}, {rack!r})")
 
     def broker_down(self, broker: int) -> None:
         """Close the broker's connections and refuse new ones; its leaderships do not move."""

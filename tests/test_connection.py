@@ -53,6 +53,23 @@ def make_cluster() -> Cluster:
     return cluster
 
 
+# Three zones, one broker in each; kfan runs in zone-b. Partition 0 is led by broker 1 (zone-a).
+RACKED = {
+    1: Broker(1, "broker1.test", 9092, "zone-a"),
+    2: Broker(2, "broker2.test", 9092, "zone-b"),
+    3: Broker(3, "broker3.test", 9092, "zone-c"),
+}
+READ_REPLICA_MAX_AGE = 60.0
+
+
+def racked_cluster() -> Cluster:
+    cluster = Cluster([("bootstrap.test", 9092)], rack="zone-b", read_replica_max_age=READ_REPLICA_MAX_AGE)
+    isr = {TOPIC: {p: frozenset(RACKED) for p in LEADERS[TOPIC]}}
+    cluster.topology = Topology(brokers=RACKED, leaders=LEADERS, cluster_id="test-cluster", controller_id=1, isr=isr)
+    cluster.api_versions = advertised_versions([])  # everything kfan knows
+    return cluster
+
+
 # --- client requests and broker answers ---------------------------------------------------------
 
 
@@ -66,7 +83,7 @@ def produce(cid: int, partitions: list[int], acks: int) -> bytes:
     return request_bytes(apis.PRODUCE, PRODUCE_V, {"transactional_id": None, "acks": acks, "timeout": 5000, "topic_data": data}, cid)
 
 
-def fetch(cid: int, partitions: list[int], max_wait_ms: int = 500, min_bytes: int = 1, offset: int = 0) -> bytes:
+def fetch(cid: int, partitions: list[int], max_wait_ms: int = 500, min_bytes: int = 1, offset: int = 0, rack: str = "") -> bytes:
     parts = [
         {
             "partition": p,
@@ -88,7 +105,7 @@ def fetch(cid: int, partitions: list[int], max_wait_ms: int = 500, min_bytes: in
         "session_epoch": -1,
         "topics": [{"topic": TOPIC, "partitions": parts}],
         "forgotten_topics_data": [],
-        "rack_id": "",
+        "rack_id": rack,
     }
     return request_bytes(apis.FETCH, FETCH_V, body, cid)
 
@@ -118,18 +135,25 @@ async def answer_produce(req: BrokerRequest, base_offset: int) -> None:
     await req.answer({"responses": [{"name": TOPIC, "partition_responses": parts}], "throttle_time": 0})
 
 
-async def answer_fetch(req: BrokerRequest, high_watermark: int, data: bool) -> None:
+async def answer_fetch(
+    req: BrokerRequest,
+    high_watermark: int,
+    data: bool,
+    preferred_read_replica: int = -1,
+    error_code: int = 0,
+    last_stable_offset: int | None = None,
+) -> None:
     """Every partition asked, with one record batch each when ``data``, else empty (an idle broker at max_wait)."""
     assert req.api_key == apis.FETCH
     parts = [
         {
             "partition_index": p,
-            "error_code": 0,
+            "error_code": error_code,
             "high_watermark": high_watermark + p,
-            "last_stable_offset": high_watermark + p,
+            "last_stable_offset": high_watermark + p if last_stable_offset is None else last_stable_offset,
             "log_start_offset": 0,
             "aborted_transactions": None,
-            "preferred_read_replica": -1,
+            "preferred_read_replica": preferred_read_replica,
             "records": record_batch(b"data%d" % p) if data else None,
         }
         for p in partitions_asked(req)
@@ -190,14 +214,15 @@ class Harness:
 
 
 @asynccontextmanager
-async def serving(limits: Limits | None = None) -> AsyncIterator[Harness]:
+async def serving(limits: Limits | None = None, cluster: Cluster | None = None) -> AsyncIterator[Harness]:
     """The connection, running; past :data:`TEST_DEADLINE` of virtual time the test fails rather than hangs."""
     with trio.fail_after(TEST_DEADLINE):
         async with trio.open_nursery() as nursery:
             brokers = MemoryBrokers(nursery)
             ours, theirs = trio.testing.memory_stream_pair()
             server = CountingStream(theirs)
-            conn = ClientConnection(server, make_cluster(), IDENTITY, limits or Limits(), connect_broker=brokers.connect)
+            cluster = cluster or make_cluster()
+            conn = ClientConnection(server, cluster, IDENTITY, limits or Limits(), connect_broker=brokers.connect)
             finished = trio.Event()
 
             async def run() -> None:
@@ -476,3 +501,141 @@ async def test_fetch_waits_on_an_idle_broker_only_until_its_watermarks_are_known
         assert bytes(parts[1]["records"]) == record_batch(b"data1") and parts[1]["high_watermark"] == 8
         assert h.brokers.count(2) == 2
         assert not broker1.answered
+
+
+# --- preferred read replicas (KIP-392) -------------------------------------------------------------
+
+
+async def leader_names_replica_in_rack(req: BrokerRequest, high_watermark: int) -> None:
+    """A rack-aware leader: it names the broker in the sub-fetch's rack, with no records."""
+    replica = next(b.node_id for b in RACKED.values() if b.rack == req.body["rack_id"])
+    await answer_fetch(req, high_watermark, data=False, preferred_read_replica=replica)
+
+
+async def follow_to_replica(h: Harness, cid: int, rack: str = "") -> None:
+    """One Fetch to the leader (broker 1), which names a read replica: answered with no data and no broker named."""
+    await h.client.send(fetch(cid, [0], rack=rack))
+    await leader_names_replica_in_rack(await h.brokers.next(1), 10)
+    got, body = await h.client.response(apis.FETCH, FETCH_V)
+    part = by_partition(body, "responses", "partitions", "partition_index")[0]
+    assert got == cid and part["error_code"] == 0 and not part["records"] and part["preferred_read_replica"] == -1
+
+
+async def test_a_partition_goes_to_the_read_replica_its_leader_named_for_the_rack_and_a_clients_own_rack_wins(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    async with serving(Limits(fetch_ahead_bytes=0), racked_cluster()) as h:
+        # A client naming no rack: the sub-fetch carries kfan's; the leader names zone-b's broker 2.
+        await follow_to_replica(h, 1)
+        assert h.brokers.received[1][0].body["rack_id"] == "zone-b"
+        await h.client.send(fetch(2, [0]))
+        at_replica = await h.brokers.next(2)
+        assert at_replica.api_key == apis.FETCH and at_replica.body["rack_id"] == "zone-b"
+        await answer_fetch(at_replica, 10, data=True)
+        cid, body = await h.client.response(apis.FETCH, FETCH_V)
+        part = by_partition(body, "responses", "partitions", "partition_index")[0]
+        assert cid == 2 and bytes(part["records"]) == record_batch(b"data0") and part["preferred_read_replica"] == -1
+        assert h.brokers.count(1, apis.FETCH) == 1, "the leader was asked again"
+
+        # A client naming zone-c: its own rack goes to the leader, and it reads from zone-c's broker 3, not kfan's.
+        await follow_to_replica(h, 3, rack="zone-c")
+        assert h.brokers.received[1][1].body["rack_id"] == "zone-c"
+        await h.client.send(fetch(4, [0], rack="zone-c"))
+        at_replica = await h.brokers.next(3)
+        assert at_replica.body["rack_id"] == "zone-c"
+        await answer_fetch(at_replica, 10, data=True)
+        cid, _ = await h.client.response(apis.FETCH, FETCH_V)
+        assert cid == 4 and h.brokers.count(2, apis.FETCH) == 1 and h.brokers.count(1, apis.FETCH) == 2
+
+
+@pytest.mark.parametrize("failure", ["offset_out_of_range", "offset_not_available", "not_leader", "fenced_epoch", "link_closed"])
+async def test_a_read_replica_that_errs_or_fails_sends_the_partition_back_to_its_leader_at_the_next_fetch(
+    autojump_clock: trio.testing.MockClock, failure: str
+) -> None:
+    codes = {
+        "offset_out_of_range": errors.OFFSET_OUT_OF_RANGE,  # a follower short of the offset (the mock's lagging follower)
+        "offset_not_available": errors.OFFSET_NOT_AVAILABLE,
+        "not_leader": errors.NOT_LEADER_OR_FOLLOWER,
+        "fenced_epoch": errors.FENCED_LEADER_EPOCH,
+    }
+    async with serving(Limits(fetch_ahead_bytes=0), racked_cluster()) as h:
+        await follow_to_replica(h, 1)
+        await h.client.send(fetch(2, [0], offset=4))
+        at_replica = await h.brokers.next(2)
+        if failure == "link_closed":
+            await at_replica.close_connection()
+        else:
+            await answer_fetch(at_replica, -1, data=False, error_code=codes[failure])
+        # The client is told what the leader said last: no data yet, and asks again.
+        cid, body = await h.client.response(apis.FETCH, FETCH_V)
+        part = by_partition(body, "responses", "partitions", "partition_index")[0]
+        assert cid == 2 and part["error_code"] == 0 and not part["records"]
+        assert (part["high_watermark"], part["last_stable_offset"], part["log_start_offset"]) == (10, 10, 0)
+        # Its next Fetch goes to the leader, from the same offset, and gets the data.
+        await h.client.send(fetch(3, [0], offset=4))
+        at_leader = await h.brokers.next(1)
+        assert fetch_offsets(at_leader) == [(0, 4)]
+        await answer_fetch(at_leader, 12, data=True)
+        cid, body = await h.client.response(apis.FETCH, FETCH_V)
+        part = by_partition(body, "responses", "partitions", "partition_index")[0]
+        assert cid == 3 and bytes(part["records"]) == record_batch(b"data0") and part["high_watermark"] == 12
+        assert h.brokers.count(2, apis.FETCH) == 1
+
+
+async def test_a_replica_failing_before_kfan_knows_any_watermarks_is_a_retriable_error(autojump_clock: trio.testing.MockClock) -> None:
+    cluster = racked_cluster()
+    cluster.read_replicas.learn({("zone-b", TOPIC, 0): 2}, trio.current_time())  # another client's leader named it
+    async with serving(Limits(fetch_ahead_bytes=0), cluster) as h:
+        await h.client.send(fetch(1, [0]))
+        await (await h.brokers.next(2)).close_connection()
+        cid, body = await h.client.response(apis.FETCH, FETCH_V)
+        assert by_partition(body, "responses", "partitions", "partition_index")[0]["error_code"] == errors.NOT_LEADER_OR_FOLLOWER
+        await h.client.send(fetch(2, [0]))
+        assert (await h.brokers.next(1)).api_key == apis.FETCH
+
+
+async def test_a_read_replica_is_followed_until_its_age_then_the_leader_is_asked_again(autojump_clock: trio.testing.MockClock) -> None:
+    async with serving(Limits(fetch_ahead_bytes=0), racked_cluster()) as h:
+        await follow_to_replica(h, 1)
+        await trio.sleep(READ_REPLICA_MAX_AGE - 1)
+        await h.client.send(fetch(2, [0]))
+        await answer_fetch(await h.brokers.next(2), 10, data=False)
+        await h.client.response(apis.FETCH, FETCH_V)
+        await trio.sleep(1)
+        await h.client.send(fetch(3, [0]))
+        assert (await h.brokers.next(1)).api_key == apis.FETCH, "the preference outlived its age"
+
+
+@pytest.mark.parametrize("change", ["left_the_cluster", "left_the_isr"])
+async def test_a_read_replica_that_left_the_cluster_or_the_isr_is_not_fetched_from(
+    autojump_clock: trio.testing.MockClock, change: str
+) -> None:
+    cluster = racked_cluster()
+    async with serving(Limits(fetch_ahead_bytes=0), cluster) as h:
+        await follow_to_replica(h, 1)
+        t = cluster.topology
+        if change == "left_the_cluster":
+            cluster.topology = Topology(
+                {b: v for b, v in t.brokers.items() if b != 2}, t.leaders, t.topic_ids, t.cluster_id, t.controller_id, t.isr
+            )
+        else:
+            cluster.topology = Topology(t.brokers, t.leaders, t.topic_ids, t.cluster_id, t.controller_id, {TOPIC: {0: frozenset({1, 3})}})
+        await h.client.send(fetch(2, [0]))
+        # The leader names it again: kfan does not follow (and a rack-aware Kafka leader would not name it).
+        await leader_names_replica_in_rack(await h.brokers.next(1), 10)
+        await h.client.response(apis.FETCH, FETCH_V)
+        await h.client.send(fetch(3, [0]))
+        assert (await h.brokers.next(1)).api_key == apis.FETCH
+        assert h.brokers.count(2) == 0
+        assert len(cluster.read_replicas) == 0
+
+
+async def test_a_read_replicas_watermarks_never_say_more_is_stable_than_its_high_watermark(autojump_clock: trio.testing.MockClock) -> None:
+    async with serving(Limits(fetch_ahead_bytes=0), racked_cluster()) as h:
+        await follow_to_replica(h, 1)
+        await h.client.send(fetch(2, [0]))
+        # A lagging follower: high watermark 7, and the leader's end as its last stable offset (librdkafka's mock does this).
+        await answer_fetch(await h.brokers.next(2), 7, data=True, last_stable_offset=10)
+        _, body = await h.client.response(apis.FETCH, FETCH_V)
+        part = by_partition(body, "responses", "partitions", "partition_index")[0]
+        assert (part["high_watermark"], part["last_stable_offset"]) == (7, 7)

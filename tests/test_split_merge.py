@@ -146,8 +146,25 @@ def test_split_then_merge_keeps_every_partition_once_in_client_order(api_key: in
     keys = req_layout.keys(request)
     assume(keys)
     topo = _topology(request, req_layout, data)
+    # A Fetch v11+ goes to the preferred read replica its leader named for the rack (the client's, else kfan's),
+    # when that replica is a live broker; some name broker 9, which is not.
+    kfan_rack = data.draw(st.sampled_from(["", "zone-b"]), label="kfan rack")
+    rack = (request.get("rack_id") or kfan_rack) if "rack_id" in request else None
+    preferred: dict[tuple[str, str, int], int] = {}
+    if rack is not None:
+        for key, partition in keys:
+            if data.draw(st.booleans()):
+                name = str(key) if isinstance(key, uuid.UUID) else key
+                preferred[(rack, name, partition)] = data.draw(st.sampled_from([1, 2, 3, 9]), label="replica")
     # Records here are random bytes: the split is under test, not the records check (tests/test_records.py).
-    ctx = Context(IDENTITY, topo, {k: v for k, v in ALL_VERSIONS.items()}, validate_records=False)
+    ctx = Context(
+        IDENTITY,
+        topo,
+        {k: v for k, v in ALL_VERSIONS.items()},
+        validate_records=False,
+        rack=kfan_rack,
+        read_replica=preferred.get,
+    )
     plan = plan_request(ctx, oracle.payload(api_key, version, body, correlation_id=99))
     assert isinstance(plan, Forward | LocalReply)
     subs = plan.subs if isinstance(plan, Forward) else {}
@@ -156,11 +173,18 @@ def test_split_then_merge_keeps_every_partition_once_in_client_order(api_key: in
         name = str(key) if isinstance(key, uuid.UUID) else key
         return topo.leader(name, key_partition)
 
-    # Split: every routable partition exactly once, on its leader, in client order.
+    def destination(key: Any) -> int | None:
+        """Where the partition's sub-request goes: its leader, or the live replica named for it."""
+        lead = leader(key)
+        name = str(key) if isinstance(key, uuid.UUID) else key
+        replica = None if rack is None else preferred.get((rack, name, key_partition))
+        return replica if lead is not None and replica in BROKERS else lead
+
+    # Split: every routable partition exactly once, on its leader (or read replica), in client order.
     expected_by_broker: dict[int, list[Any]] = {}
     for key, partition in keys:
         key_partition = partition
-        b = leader(key)
+        b = destination(key)
         if b is not None:
             expected_by_broker.setdefault(b, []).append((key, partition))
     assert set(subs) == set(expected_by_broker)
@@ -180,8 +204,10 @@ def test_split_then_merge_keeps_every_partition_once_in_client_order(api_key: in
         sub_request = schema.decode_body(spec, oracle.read_back(api_key, version, "request", payload, hdr.body_offset))
         assert req_layout.keys(sub_request) == expected_by_broker[broker]
         for name in request:
-            if name not in (req_layout.topics, "session_id", "session_epoch", "forgotten_topics_data"):
+            if name not in (req_layout.topics, "session_id", "session_epoch", "forgotten_topics_data", "rack_id"):
                 assert sub_request.get(name) == request[name], name
+        if rack is not None:
+            assert sub_request["rack_id"] == rack, "the sub-fetch carries the client's rack, else kfan's"
         answers[broker] = (
             Failed(errors.NETWORK_EXCEPTION) if broker in failed else Response(_answer(api_key, version, sub_request, broker, 1234))
         )
@@ -194,9 +220,12 @@ def test_split_then_merge_keeps_every_partition_once_in_client_order(api_key: in
     assert resp_layout.keys(response) == keys
     for (key, partition), (_, entry) in zip(keys, resp_layout.entries(response), strict=True):
         key_partition = partition
-        b = leader(key)
+        b = destination(key)
         if b is None:
             assert entry["error_code"] in (errors.NOT_LEADER_OR_FOLLOWER, errors.UNKNOWN_TOPIC_OR_PARTITION, errors.UNKNOWN_TOPIC_ID)
+        elif b in failed and b != leader(key):
+            # A failed read replica: the client asks again, of the leader (no watermarks known: a retriable error).
+            assert entry["error_code"] == errors.NOT_LEADER_OR_FOLLOWER
         elif b in failed:
             assert entry["error_code"] == errors.NETWORK_EXCEPTION
         else:
