@@ -12,12 +12,10 @@ from __future__ import annotations
 
 import datetime
 import functools
-import re
 import struct
 import time
 import uuid
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 
 import trio
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Producer, TopicPartition
@@ -25,30 +23,14 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Producer, To
 from backends.mock import MockCluster
 from proxy.kafka import apis, errors
 from tests.support.flows import PARTITIONS, Flow, Reports, Row, check_in_order, wait_for
-from tests.support.kfan import Kfan, start_kfan
-from tests.support.metrics import http_get, metrics_port_in, parse_samples
+from tests.support.kfan import Kfan, kfan_on, start_kfan
+from tests.support.metrics import http_get, labels_of, metrics_port_in, parse_samples
 from tests.support.processes import free_port
 from tests.support.rawclient import RawClient
 from tests.support.records import produce_request
 from tests.support.round_trip import SESSION_MS  # the mock holds a classic group rejoin for session timeout - 1 s
 
 LEADERS = [1, 2, 3, 1, 2, 3]
-
-
-@contextmanager
-def kfan_on(cluster: MockCluster, *extra: str, bootstrap: str | None = None) -> Iterator[Kfan]:
-    """kfan in front of ``cluster``, refreshing every second; it must survive and stop cleanly."""
-    k = start_kfan(bootstrap or cluster.bootstrap, "--metadata-refresh", "1", *extra)
-    try:
-        yield k
-    except BaseException:
-        k.stop()
-        print("kfan's log (tail):\n" + "".join(k.log[-80:]))  # shown by pytest with the failure
-        raise
-    alive = k.alive()
-    code = k.stop()
-    assert alive, "kfan died during the test:\n" + "".join(k.log[-60:])
-    assert code == 0, f"kfan did not stop cleanly (exit {code}):\n" + "".join(k.log[-60:])
 
 
 def new_topic(cluster: MockCluster, leaders: list[int] = LEADERS) -> str:
@@ -139,17 +121,13 @@ def test_idempotent_producer_through_broker_loss_and_leader_moves() -> None:
 # --- 2. a leader moves while nothing fails ---------------------------------------------
 
 
-def _labels(text: str) -> dict[str, str]:
-    return dict(re.findall(r'(\w+)="([^"]*)"', text))
-
-
 def errors_answered(k: Kfan) -> dict[tuple[int, int], float]:
     """kfan's count of partitions it answered with an error (kfan_errors_total): (error code, broker that answered) -> count."""
     _, text = http_get(f"http://127.0.0.1:{metrics_port_in(k.log)}/metrics")
     out: dict[tuple[int, int], float] = {}
     for labels, value in parse_samples(text).get("kfan_errors_total", []):
         if value:
-            lab = _labels(labels)
+            lab = labels_of(labels)
             out[(int(lab["error_code"]), int(lab["broker"]))] = value
     return out
 
@@ -360,7 +338,7 @@ def _broker_counts(k: Kfan, api_key: int) -> dict[int, float]:
     _, text = http_get(f"http://127.0.0.1:{metrics_port_in(k.log)}/metrics")
     out: dict[int, float] = {}
     for labels, value in parse_samples(text).get("kfan_broker_request_duration_seconds_count", []):
-        lab = _labels(labels)
+        lab = labels_of(labels)
         if lab["api_key"] == str(api_key):
             out[int(lab["broker"])] = value
     return out
@@ -423,7 +401,7 @@ def test_kfan_restart_under_load_on_the_same_port() -> None:
 def reachability(k: Kfan) -> dict[int, float]:
     """kfan_broker_reachable, by broker id."""
     _, text = http_get(f"http://127.0.0.1:{metrics_port_in(k.log)}/metrics")
-    return {int(_labels(labels)["broker"]): value for labels, value in parse_samples(text).get("kfan_broker_reachable", [])}
+    return {int(labels_of(labels)["broker"]): value for labels, value in parse_samples(text).get("kfan_broker_reachable", [])}
 
 
 def test_start_with_two_of_three_brokers_down() -> None:

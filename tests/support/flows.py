@@ -9,6 +9,7 @@ import time
 import uuid
 from collections import defaultdict
 from collections.abc import Callable
+from typing import Any
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
@@ -85,7 +86,9 @@ class Flow:
         rate: int = 600,
         group: str | None = None,
         security: ClientSecurity = PLAINTEXT,
+        consumer_config: dict[str, Any] | None = None,
     ) -> None:
+        """``consumer_config``: more librdkafka settings for the consumer (``client.rack``)."""
         self.topic = topic
         self.reports = Reports()
         self.sent = 0
@@ -128,6 +131,7 @@ class Flow:
                 "reconnect.backoff.max.ms": 500,
                 "error_cb": self.consumer_errors.append,
                 **security.librdkafka(),
+                **(consumer_config or {}),
             }
         )
         if group is None:

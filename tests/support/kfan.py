@@ -6,11 +6,13 @@ The launching itself lives in :mod:`proxy.bench.processes`, shared with ``kfan b
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 
+from backends.mock import MockCluster
 from proxy.bench.processes import SERVING, Kfan
 from proxy.bench.processes import start_kfan as _start_kfan
 
-__all__ = ["SERVING", "Kfan", "kfan_for_session", "start_kfan"]
+__all__ = ["SERVING", "Kfan", "kfan_for_session", "kfan_on", "start_kfan"]
 
 
 def start_kfan(bootstrap: str, *extra: str, env: Mapping[str, str] | None = None, wait: bool = True) -> Kfan:
@@ -27,3 +29,19 @@ def kfan_for_session(bootstrap: str, name: str) -> Iterator[Kfan]:
     code = k.stop()
     assert alive, f"{name} died during the session:\n" + "".join(k.log[-50:])
     assert code == 0, f"{name} did not stop cleanly (exit {code}):\n" + "".join(k.log[-50:])
+
+
+@contextmanager
+def kfan_on(cluster: MockCluster, *extra: str, bootstrap: str | None = None) -> Iterator[Kfan]:
+    """kfan in front of ``cluster``, refreshing every second; it must survive and stop cleanly."""
+    k = start_kfan(bootstrap or cluster.bootstrap, "--metadata-refresh", "1", *extra)
+    try:
+        yield k
+    except BaseException:
+        k.stop()
+        print("kfan's log (tail):\n" + "".join(k.log[-80:]))  # shown by pytest with the failure
+        raise
+    alive = k.alive()
+    code = k.stop()
+    assert alive, "kfan died during the test:\n" + "".join(k.log[-60:])
+    assert code == 0, f"kfan did not stop cleanly (exit {code}):\n" + "".join(k.log[-60:])

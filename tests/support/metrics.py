@@ -38,3 +38,8 @@ def parse_samples(text: str) -> dict[str, list[tuple[str, float]]]:
         assert m, line
         out.setdefault(m.group(1), []).append((m.group(2) or "", float(m.group(3))))
     return out
+
+
+def labels_of(text: str) -> dict[str, str]:
+    """A sample's labels as :func:`parse_samples` gives them (``{broker="1"}``), as a dict."""
+    return dict(re.findall(r'(\w+)="([^"]*)"', text))
