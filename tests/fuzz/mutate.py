@@ -72,7 +72,7 @@ from tests.support.records import record_batch
 # --- the world the fuzzed requests live in -------------------------------------------
 
 IDENTITY = Identity(node_id=42, host="kfan.example", port=19092)
-BROKERS = {i: Broker(i, f"broker{i}.internal", 9000 + i) for i in (1, 2, 3)}
+BROKERS = {i: Broker(i, f"broker{i}.internal", 9000 + i, f"zone-{'abc'[i - 1]}") for i in (1, 2, 3)}
 ORDERS_ID = uuid.UUID("5a1f3c2e-0000-4000-8000-000000000001")
 EVENTS_ID = uuid.UUID("5a1f3c2e-0000-4000-8000-000000000002")
 LOGS_ID = uuid.UUID("5a1f3c2e-0000-4000-8000-000000000003")
@@ -87,7 +87,10 @@ TOPOLOGY = Topology(
     topic_ids={ORDERS_ID: "orders", EVENTS_ID: "events", LOGS_ID: "logs"},
     cluster_id="fuzz-cluster",
     controller_id=2,
+    isr={"orders": {0: frozenset({1, 2}), 1: frozenset({2, 3}), 2: frozenset({3}), 3: frozenset({1, 2, 3})}},
 )
+# Preferred read replicas leaders named (KIP-392): one live and in sync, one out of the ISR, one not a live broker.
+READ_REPLICAS = {("zone-b", "orders", 0): 2, ("zone-b", "orders", 2): 1, ("zone-b", "logs", 0): 7, ("", "orders", 3): 2}
 # Everything kfan implements, as if every broker supported every version.
 API_VERSIONS: dict[int, tuple[int, int]] = advertised_versions([])
 # The I/O layer's coordinator cache: some groups and transactions known, others not.
@@ -119,6 +122,9 @@ def context(looked_up: bool = False) -> Context:
         extra["coordinators_looked_up"] = looked_up
     if "fetch_ahead_bytes" in names:
         extra["fetch_ahead_bytes"] = 16 << 20  # as kfan serves: Fetch merges also plan the sub-fetches sent ahead
+    if "read_replica" in names:
+        extra["rack"] = "zone-b"  # Fetches also go to read replicas, and their answers are followed
+        extra["read_replica"] = READ_REPLICAS.get
     return Context(IDENTITY, TOPOLOGY, API_VERSIONS, **extra)
 
 
