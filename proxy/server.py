@@ -167,6 +167,14 @@ async def serve(config: ServerConfig, task_status: trio.TaskStatus[Running] = tr
         cluster.local_versions = dict(SASL_VERSIONS)
     for line in config.security.summary:
         log.info("security: %s", line)
+    if config.rack:
+        log.info(
+            "zone-aware fetching: rack %r; a leader's preferred read replica is followed for %.0f s",
+            config.rack,
+            config.read_replica_max_age_s,
+        )
+    else:
+        log.info("zone-aware fetching: no rack (--rack); clients' own racks are still carried to the brokers")
     async with trio.open_nursery() as nursery:
         metrics_port = None
         if config.metrics_listen is not None:

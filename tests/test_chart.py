@@ -60,6 +60,7 @@ EVERYTHING: dict[str, Any] = {
     "imagePullSecrets": [{"name": "registry"}],
     "advertise": "kfan.example.com:19092",
     "nodeId": 7,
+    "rack": "us-east-1b",
     "workers": 2,
     "logLevel": "DEBUG",
     "logJson": True,
@@ -521,6 +522,7 @@ def test_every_kfan_variable_and_flag_is_a_real_kfan_option(tmp_path: Path) -> N
     assert options["advertise"] == ("kfan.example.com", 19092)
     assert options["listen"] == ("0.0.0.0", 9192)
     assert (options["node_id"], options["workers"], options["log_level"], options["log_json"]) == (7, 2, "DEBUG", True)
+    assert options["rack"] == "us-east-1b"
     assert (options["shutdown_timeout"], options["max_inflight"], options["max_frame_bytes"]) == (12.5, 512, 52428800)
     assert str(options["capture"]) == "/capture"
     assert {k: str(options[k]) for k in ("tls_cert", "tls_key", "tls_client_ca", "client_users", "client_oauth_jwks")} == {
@@ -585,6 +587,16 @@ def test_extra_env_takes_kfan_options_the_chart_does_not_set_and_nothing_else() 
     for line in ('broker-sasl-password = "hunter2"', '  "broker_sasl_password"="hunter2"', "client-auth = 'sasl'"):
         with pytest.raises(helm.HelmRenderError, match=r'configFile: "(broker[-_]sasl[-_]password|client-auth)" is set by the chart'):
             render(BASE | {"configFile": f"max-inflight = 5\n{line}\n"})
+
+
+def test_the_rack_is_a_fixed_zone_or_the_pods_own_zone_label_never_both() -> None:
+    assert "KFAN_RACK" not in kfan_env(render(BASE)), "kfan has a rack by default"
+    assert kfan_env(render(BASE | {"rack": "us-east-1a"}))["KFAN_RACK"] == "us-east-1a"
+    c = container(render(BASE | {"rackFromNodeZone": True}))
+    (entry,) = [e for e in c["env"] if e["name"] == "KFAN_RACK"]
+    assert entry["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.labels['topology.kubernetes.io/zone']"}}
+    with pytest.raises(helm.HelmRenderError, match="rack and rackFromNodeZone: set one"):
+        render(BASE | {"rack": "us-east-1a", "rackFromNodeZone": True})
 
 
 def test_pdb_hpa_and_servicemonitor_render_only_when_enabled_and_validate() -> None:

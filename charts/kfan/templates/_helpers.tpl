@@ -272,6 +272,7 @@ KFAN_METRICS_LISTEN binds the parent's metrics port and dies.
   "KFAN_SHUTDOWN_TIMEOUT" "shutdownTimeoutSeconds"
   "KFAN_LOG_LEVEL" "logLevel"
   "KFAN_LOG_JSON" "logJson"
+  "KFAN_RACK" "rack (or rackFromNodeZone)"
   "KFAN_CONFIG" "configFile"
   "KFAN_TLS_CERT" "tls"
   "KFAN_TLS_KEY" "tls"
@@ -297,7 +298,7 @@ KFAN_METRICS_LISTEN binds the parent's metrics port and dies.
   "KFAN_CLIENT_SESSION_LIFETIME" "clientAuth.sessionLifetimeSeconds"
   "KFAN_CLIENT_AUTH_FAILURE_DELAY" "clientAuth.failureDelaySeconds"
 -}}
-{{- $extraAllowed := list "KFAN_MAX_FRAME_BYTES" "KFAN_MAX_INFLIGHT" "KFAN_MAX_CONNECTION_BYTES" "KFAN_MAX_BUFFERED_BYTES" "KFAN_MAX_CONNECTIONS" "KFAN_MAX_HOLD" "KFAN_IDLE_TIMEOUT" "KFAN_FRAME_TIMEOUT" "KFAN_REQUEST_TIMEOUT" "KFAN_METADATA_REFRESH" "KFAN_CAPTURE" "KFAN_CAPTURE_SAMPLE" "KFAN_CAPTURE_RECORDS" "KFAN_VALIDATE_RECORDS" "KFAN_FETCH_AHEAD_BYTES" -}}
+{{- $extraAllowed := list "KFAN_MAX_FRAME_BYTES" "KFAN_MAX_INFLIGHT" "KFAN_MAX_CONNECTION_BYTES" "KFAN_MAX_BUFFERED_BYTES" "KFAN_MAX_CONNECTIONS" "KFAN_MAX_HOLD" "KFAN_IDLE_TIMEOUT" "KFAN_FRAME_TIMEOUT" "KFAN_REQUEST_TIMEOUT" "KFAN_METADATA_REFRESH" "KFAN_CAPTURE" "KFAN_CAPTURE_SAMPLE" "KFAN_CAPTURE_RECORDS" "KFAN_VALIDATE_RECORDS" "KFAN_FETCH_AHEAD_BYTES" "KFAN_READ_REPLICA_MAX_AGE" -}}
 {{- $env := dict
   "KFAN_BOOTSTRAP" (include "kfan.bootstrap" .)
   "KFAN_ADVERTISE" (include "kfan.advertise" .)
@@ -307,6 +308,12 @@ KFAN_METRICS_LISTEN binds the parent's metrics port and dies.
   "KFAN_LOG_LEVEL" .Values.logLevel
   "KFAN_LOG_JSON" (ternary "true" "false" (.Values.logJson | default false))
 -}}
+{{- if and .Values.rack .Values.rackFromNodeZone }}
+{{- fail "rack and rackFromNodeZone: set one (a fixed zone, or the Pod's own zone label), not both" }}
+{{- end }}
+{{- with .Values.rack }}
+{{- $_ := set $env "KFAN_RACK" (toString .) }}
+{{- end }}
 {{- include "kfan.checkSecurity" . }}
 {{- $tls := .Values.tls }}
 {{- if $tls.enabled }}
