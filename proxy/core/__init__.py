@@ -11,7 +11,8 @@ only :mod:`proxy.kafka` (and the standard library and kio).
   and :mod:`.fetch`), :mod:`.coordinator`, :mod:`.broadcast`, :mod:`.any_broker`;
   :mod:`.identity` rewrites broker identity in answers.
 - :mod:`.topology`: the cluster snapshot routing works from; :mod:`.layout`:
-  the generic split and merge of partition-keyed messages.
+  the generic split and merge of partition-keyed messages;
+  :mod:`.read_replicas`: the preferred read replicas leaders named (KIP-392).
 """
 
 from .plan import (

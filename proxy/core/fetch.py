@@ -2,7 +2,11 @@
 how a Fetch is answered lives here, as pure objects the I/O layer drives.
 
 - Planning: fetch sessions are per broker and cannot fan out, so kfan never
-  hands one out; sub-fetches are sessionless.
+  hands one out; sub-fetches are sessionless. They carry the client's rack,
+  or kfan's own, and a partition whose leader named a preferred read replica
+  for that rack goes to the replica (KIP-392; :mod:`.read_replicas`).
+- Following replicas: what leaders name is learned and what replicas fail is
+  forgotten in the merge, before the client's answer hides every broker.
 - Merging: the client's ``max_bytes`` budget holds for the merged answer;
   partitions whose broker has not answered yet report the watermarks that
   broker last gave (clients compute lag and end-of-partition from them).

@@ -1,4 +1,4 @@
-"""A snapshot of the cluster behind kfan: brokers, partition leaders, topic ids.
+"""A snapshot of the cluster behind kfan: brokers (and their racks), partition leaders and in-sync replicas, topic ids.
 
 Pure data, built from Metadata responses (decoded dicts); no I/O here, so the
 same snapshot drives the live proxy, the tests and the replay job. Snapshots
