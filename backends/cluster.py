@@ -32,7 +32,7 @@ from proxy.core import (
     RefreshTopology,
     advertised_versions,
 )
-from proxy.core.read_replicas import ReadReplicaKey, ReadReplicas
+from proxy.core.read_replicas import ReadReplicas
 from proxy.core.topology import Topology
 
 from .control import ControlLinks, control_version
@@ -307,10 +307,6 @@ class Cluster:
                 self.read_replicas.learn(effect.replicas, trio.current_time())
             elif isinstance(effect, ForgetReadReplicas):
                 self.read_replicas.forget(effect.keys)
-
-    def read_replica(self, key: ReadReplicaKey) -> int | None:
-        """The preferred read replica a leader named for this rack and partition, while it holds."""
-        return self.read_replicas.get(key, trio.current_time())
 
     def fold_metadata(self, metadata: Mapping[str, Any]) -> None:
         if metadata["brokers"]:  # an answer naming no broker would leave nothing to route to

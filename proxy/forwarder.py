@@ -10,6 +10,7 @@ its own; the connection around it reads requests and writes responses in order.
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Mapping
 
@@ -114,7 +115,8 @@ class Forwarder:
             self.validate_records,
             self.fetch_ahead_bytes,
             cluster.rack,
-            cluster.read_replica,
+            # One clock reading per request, not one per partition it names.
+            functools.partial(cluster.read_replicas.get, now=trio.current_time()),
         )
 
     def broker_wait(self, plan: Forward) -> float:

@@ -239,10 +239,15 @@ def _no_data_yet(layout: Layout, index: int, watermarks: Watermarks | None) -> S
     if watermarks is None:
         return layout_error_entry(layout, index, errors.NOT_LEADER_OR_FOLLOWER)
     entry = layout_error_entry(layout, index, errors.NONE)
-    for name, value in zip(_WATERMARKS, watermarks, strict=True):
-        if name in entry:
-            entry[name] = value
+    _report(entry, watermarks)
     return entry
+
+
+def _report(p: Struct, watermarks: Watermarks) -> None:
+    """A partition entry says these watermarks (those its version has)."""
+    for name, value in zip(_WATERMARKS, watermarks, strict=True):
+        if name in p:  # older versions lack the later ones
+            p[name] = value
 
 
 def locality(topology: Topology, rack: str, broker: int) -> str:
@@ -365,9 +370,7 @@ def _finish(
         for p in t[layout.partitions]:
             tp = (t[layout.topic_key], p["partition_index"])
             if tp in waiting and tp in watermarks:
-                for name, value in zip(_WATERMARKS, watermarks[tp], strict=True):
-                    if name in p:  # older versions lack the later ones
-                        p[name] = value
+                _report(p, watermarks[tp])
     body["session_id"] = 0
     body["error_code"] = next((d["error_code"] for d in decoded.values() if d.get("error_code")), 0)
     # The merged response honours the client's budget, not N brokers' budgets.
