@@ -42,10 +42,11 @@ from backends.mock import MockCluster
 from proxy.kafka import apis, errors, schema
 from proxy.kafka.headers import response_body_offset
 from tests.support.badbroker import BadBroker
-from tests.support.flows import Flow, Reports, check_in_order, wait_for
+from tests.support.flows import Flow, Reports, check_in_order
 from tests.support.kfan import Kfan, start_kfan
 from tests.support.rawclient import RawClient
 from tests.support.records import record_batch
+from tests.support.waiting import wait_for
 
 PARTITIONS = 6
 LEADERS = [1, 2, 3, 1, 2, 3]

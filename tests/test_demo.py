@@ -29,6 +29,7 @@ from kio.schema.metadata.v12.request import MetadataRequest
 
 from tests.support.processes import follow_output
 from tests.support.rawclient import RawClient
+from tests.support.waiting import wait_for
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -114,12 +115,12 @@ class Demo:
         return "".join(self.log)
 
     def wait_for_log(self, pattern: str, timeout: float = 15) -> re.Match[str]:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if m := re.search(pattern, self.text(), re.M):
-                return m
-            time.sleep(0.05)
-        raise AssertionError(f"no {pattern!r} in kfan demo's output:\n" + "".join(self.log[-40:]))
+        return wait_for(
+            f"{pattern!r} in kfan demo's output",
+            lambda: re.search(pattern, self.text(), re.M),
+            timeout,
+            seen=lambda: "".join(self.log[-40:]),
+        )
 
     def stop(self, sig: int = signal.SIGTERM) -> int:
         if self.process.poll() is None:

@@ -22,13 +22,14 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Producer, To
 
 from backends.mock import MockCluster
 from proxy.kafka import apis, errors
-from tests.support.flows import PARTITIONS, Flow, Reports, Row, check_in_order, wait_for
+from tests.support.flows import PARTITIONS, Flow, Reports, Row, check_in_order
 from tests.support.kfan import Kfan, kfan_on, start_kfan
 from tests.support.metrics import http_get, labels_of, metrics_port_in, parse_samples
 from tests.support.processes import free_port
 from tests.support.rawclient import RawClient
 from tests.support.records import produce_request
 from tests.support.round_trip import SESSION_MS  # the mock holds a classic group rejoin for session timeout - 1 s
+from tests.support.waiting import wait_for
 
 LEADERS = [1, 2, 3, 1, 2, 3]
 

@@ -26,9 +26,10 @@ import pytest
 from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
 
 from backends.mock import MockCluster
-from tests.support.flows import PARTITIONS, Flow, Reports, check_in_order, wait_for
+from tests.support.flows import PARTITIONS, Flow, Reports, check_in_order
 from tests.support.kfan import Kfan, kfan_on
 from tests.support.metrics import http_get, labels_of, metrics_port_in, parse_samples
+from tests.support.waiting import wait_for
 
 RACKS = {1: "zone-a", 2: "zone-b", 3: "zone-c"}
 LEADERS = [1, 3, 1, 3, 1, 3]

@@ -12,6 +12,7 @@ import socket
 import ssl
 import struct
 import time
+import uuid
 from collections.abc import Iterator
 from typing import Any
 
@@ -159,11 +160,11 @@ def test_plaintext_and_unauthenticated_requests_are_refused(secure: SecureCluste
         keys = {struct.unpack_from(">hhh", answer, 10 + 6 * i)[0]: struct.unpack_from(">hhh", answer, 10 + 6 * i)[1:] for i in range(count)}
         assert (cid, error) == (8, 0)
         assert keys[17] == (0, 1) and keys[36] == (0, 2), keys
-        local_port = tls.getsockname()[1]
-        metadata = struct.pack(">hhih", 3, 1, 9, -1) + struct.pack(">i", -1)  # Metadata v1, all topics
+        client_id = f"refused-{uuid.uuid4().hex[:12]}".encode()  # this connection's events carry it
+        metadata = struct.pack(">hhih", 3, 1, 9, len(client_id)) + client_id + struct.pack(">i", -1)  # Metadata v1, all topics
         tls.sendall(struct.pack(">i", len(metadata)) + metadata)
         assert _read_until_closed(tls) == b""
-    refused = [e for e in secure.front_events("refused") if e["peer"] == f"127.0.0.1:{local_port}"]
+    refused = [e for e in secure.front_events("refused") if e["client_id"] == client_id.decode()]
     assert refused and refused[0]["api_key"] == 3 and refused[0]["reason"] == "before authentication", secure.front_events("refused")
 
 
@@ -226,11 +227,19 @@ class Wire:
         if tls:
             ctx = ssl.create_default_context(cafile=str(sc.ca_file))
             self.sock = ctx.wrap_socket(self.sock, server_hostname="localhost")
-        self.port = self.sock.getsockname()[1]
+        # The fronts log each request's client id: this connection's events are the ones with this id
+        # (its port may have been an earlier connection's too).
+        self.client_id = f"wire-{uuid.uuid4().hex[:12]}"
+
+    def events(self, sc: SecureCluster) -> list[dict[str, Any]]:
+        """The fronts' events for this connection's requests."""
+        return [e for e in sc.front_events() if e["client_id"] == self.client_id]
 
     def request(self, api_key: int, version: int, cid: int, body: dict[str, Any]) -> bytes:
         spec = schema.request_spec(api_key, version)
-        return frame([headers.encode_request_header(api_key, version, cid, "wire"), *schema.encode_body(spec, {**spec.blank(), **body})])
+        return frame(
+            [headers.encode_request_header(api_key, version, cid, self.client_id), *schema.encode_body(spec, {**spec.blank(), **body})]
+        )
 
     def send(self, *requests: bytes) -> None:
         self.sock.sendall(b"".join(requests))
@@ -278,7 +287,7 @@ def test_local_answers_wait_for_relayed_ones(secure: SecureCluster) -> None:
         finally:
             secure.mock.set_rtt(1, 0)
         assert order == [10, 11, 12]
-        mine = [e for e in secure.front_events() if e["peer"] == f"127.0.0.1:{wire.port}"]
+        mine = wire.events(secure)
         assert [e["event"] for e in mine] == ["authenticated", "reauthenticated"], mine
 
         # Re-authentication may not change the principal.
@@ -341,5 +350,5 @@ def test_scram_straight_to_a_front(secure: SecureCluster) -> None:
         assert {(b["host"], b["port"]) for b in metadata["brokers"]} == set(secure.brokers.values()), "the TLS addresses are advertised"
     finally:
         wire.close()
-    mine = [e for e in secure.front_events() if e["peer"] == f"127.0.0.1:{wire.port}"]
+    mine = wire.events(secure)
     assert [(e["event"], e["principal"], e["mechanism"], e["broker"]) for e in mine] == [("authenticated", "bob", "SCRAM-SHA-256", 3)]

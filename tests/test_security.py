@@ -28,12 +28,13 @@ from proxy.security_options import security_from
 from tests.support import ROOT
 from tests.support.certs import Authority
 from tests.support.client_security import ClientSecurity
-from tests.support.flows import Flow, wait_for
+from tests.support.flows import Flow
 from tests.support.kfan import Kfan, start_kfan
 from tests.support.metrics import http_get, metrics_port_in, parse_samples
 from tests.support.round_trip import check_round_trip, confluent_kafka_round_trip, keyed_records
 from tests.support.secure_cluster import SecureCluster
 from tests.support.secure_kfan import KfanSecrets, broker_args, kfan_secrets
+from tests.support.waiting import wait_for
 
 
 def _topic(cluster: SecureCluster | MockCluster, partitions: int = 3) -> str:

@@ -16,17 +16,9 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaExcepti
 from tests.support.client_security import PLAINTEXT, ClientSecurity
 from tests.support.kfan import Kfan
 from tests.support.round_trip import SESSION_MS
+from tests.support.waiting import wait_for
 
 PARTITIONS = 6  # a Flow's topic has six
-
-
-def wait_for(what: str, ok: Callable[[], bool], timeout: float = 30, every: float = 0.05) -> None:
-    """Poll ``ok`` every ``every`` s until it holds; fail naming ``what`` after ``timeout`` s."""
-    deadline = time.monotonic() + timeout
-    while not ok():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(every)
 
 
 Row = tuple[int, int, bytes | None, bytes]  # partition, offset, key, value

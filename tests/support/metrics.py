@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import re
-import time
 import urllib.error
 import urllib.request
+
+from tests.support.waiting import wait_for_line
 
 
 def http_get(url: str) -> tuple[int, str]:
@@ -19,13 +20,7 @@ def http_get(url: str) -> tuple[int, str]:
 
 def metrics_port_in(log: list[str], timeout: float = 20) -> int:
     """The port of the metrics listener, from the line a kfan process logs for it (waits for the line)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        for line in list(log):
-            if m := re.search(r"metrics and health on http://[^:]+:(\d+)/metrics", line):
-                return int(m.group(1))
-        time.sleep(0.05)
-    raise AssertionError("no metrics listener in kfan's log:\n" + "".join(log))
+    return int(wait_for_line(log, r"metrics and health on http://[^:]+:(\d+)/metrics", timeout).group(1))
 
 
 def parse_samples(text: str) -> dict[str, list[tuple[str, float]]]:

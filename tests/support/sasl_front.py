@@ -42,7 +42,7 @@ address, not stunnel's. Connections without one are served too.
 
 The log file gets one JSON line per event: {"event": "authenticated" |
 "reauthenticated" | "failed" | "expired" | "refused", "principal",
-"mechanism", "peer", "time", ...}. One connection's error never stops the
+"mechanism", "peer", "client_id", "time", ...}. One connection's error never stops the
 front: it is printed and that connection closed.
 """
 
@@ -289,9 +289,12 @@ class Connection:
         self.exchange_mechanism: str | None = None
         self.expires_at: float | None = None  # monotonic
         self.reauthentications = 0
+        # The client id of the latest request: tests find their own connection's events by a client id they
+        # chose, never by the peer's port, which an earlier connection may have used too.
+        self.client_id: str | None = None
 
     def log(self, event: str, **fields: Any) -> None:
-        self.front.log(event, peer=self.peer, **fields)
+        self.front.log(event, peer=self.peer, client_id=self.client_id, **fields)
 
     async def run(self) -> None:
         host, port = self.front.upstream
@@ -320,6 +323,10 @@ class Connection:
 
     async def on_request(self, payload: bytes) -> bool:
         api_key, version, cid = headers.peek_request(payload)
+        try:
+            self.client_id = headers.parse_request_header(payload).client_id
+        except Exception:
+            self.client_id = None  # a header the codec cannot read: its events carry no client id
         if api_key in SASL_APIS:
             return await self.on_sasl(payload, api_key, version, cid)
         authenticated = self.principal is not None and self.exchange is None
