@@ -1,4 +1,9 @@
-"""Fixtures: the embedded multi-broker cluster, the real kfan process in front of it, kcat."""
+"""Fixtures: the embedded multi-broker cluster, the real kfan process in front of it, kcat.
+
+And hypothesis's settings for the whole suite: no property test may fail because the
+machine is slow (no deadline, no too-slow health check) or replay what an earlier run
+saved (no example database); a test's own ``@settings`` still sets its example count.
+"""
 
 from __future__ import annotations
 
@@ -6,11 +11,15 @@ import time
 from collections.abc import Iterator
 
 import pytest
+from hypothesis import HealthCheck, settings
 
 from backends.mock import MockCluster
 from tests.support.kcat import Kcat, KcatUnavailable, ensure_kcat
 from tests.support.kfan import Kfan, kfan_for_session
 from tests.support.tansu import Tansu
+
+settings.register_profile("kfan", deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile("kfan")
 
 
 @pytest.fixture(scope="session")
@@ -30,7 +39,7 @@ def tansu() -> Iterator[Tansu]:
     """One Tansu broker (node 111, in memory) for the whole session."""
     with Tansu() as broker:
         yield broker
-        assert broker.alive(), "tansu died during the session"
+        assert broker.alive(), "tansu died during the session:\n" + "".join(broker.log[-50:])
 
 
 @pytest.fixture(scope="session")

@@ -1,8 +1,9 @@
 """What the fuzz targets share: running one input under a contract, a watchdog, and the tally.
 
 A *finding* is an input that broke a contract: an exception the contract
-does not allow, a call slower than :data:`SLOW_SECONDS` (quadratic work on
-hostile input), a call still running after the watchdog's limit, or an
+does not allow, a call that takes more than :data:`SLOW_SECONDS` of CPU time
+(quadratic work on hostile input; CPU time, not the wall clock, which on a
+loaded machine counts seconds spent waiting for a core), a call still running after the watchdog's limit, or an
 output that breaks an invariant. Findings are grouped by *signature*:
 target, kind, exception type and the innermost frame of kfan's own code.
 """
@@ -21,8 +22,8 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
-SLOW_SECONDS = 1.0  # any single plan or merge slower than this is a finding
-HANG_SECONDS = 20.0  # the watchdog stops a call after this long
+SLOW_SECONDS = 1.0  # any single plan or merge taking more CPU time than this is a finding
+HANG_SECONDS = 20.0  # the watchdog (wall clock) stops a call after this long
 KEEP = 3  # reproducers kept per signature
 
 
@@ -172,6 +173,7 @@ def check(
     happened to interrupt them.
     """
     start = time.perf_counter()
+    cpu_start = time.thread_time()
     error: BaseException | None = None
     result = None
     ok = True
@@ -183,7 +185,8 @@ def check(
     except (Exception, Hang, RecursionError) as e:
         error = e
     seconds = time.perf_counter() - start
-    tally.timed(seconds, target, _lazy(reproducer) if seconds > tally.slowest[0] else {}, case)
+    cpu = time.thread_time() - cpu_start
+    tally.timed(cpu, target, _lazy(reproducer) if cpu > tally.slowest[0] else {}, case)
     if error is not None:
         kind = "hang" if isinstance(error, Hang) else "broken" if isinstance(error, Broken) else "exception"
         trace = "".join(traceback.format_exception(error)[-12:])
@@ -193,8 +196,8 @@ def check(
             where, message = (label() if label else "?"), f"{message}, interrupted at {where}"
         tally.add(Finding(target, kind, message, where, reproducer(), trace, seconds, case))
         return False, None
-    if seconds > slow_seconds:
-        tally.add(Finding(target, "slow", f"Slow: {seconds:.2f} s", label() if label else "?", reproducer(), "", seconds, case))
+    if cpu > slow_seconds:
+        tally.add(Finding(target, "slow", f"Slow: {cpu:.2f} s of CPU", label() if label else "?", reproducer(), "", cpu, case))
     return ok, result
 
 
