@@ -21,6 +21,9 @@ import time
 import tomllib
 import urllib.error
 import urllib.request
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -34,8 +37,10 @@ from kubernetes_validate.utils import latest_version
 from proxy.cli import build_parser
 from proxy.config import OPTIONS, resolve
 from tests.support.certs import Authority
-from tests.support.processes import free_port
+from tests.support.kfan import SERVING
+from tests.support.processes import follow_output, free_port, stop_process
 from tests.support.secure_cluster import SecureCluster
+from tests.support.waiting import wait_for, wait_for_line
 
 ROOT = Path(__file__).resolve().parent.parent
 CHART = ROOT / "charts" / "kfan"
@@ -763,54 +768,108 @@ def _get(url: str) -> int:
         return 0
 
 
-def _start_rendered(docs: list[dict[str, Any]], metrics_port: int, timeout: float) -> subprocess.Popen[str]:
-    """kfan started as the Deployment's container would be (its args, its KFAN_* environment), once /readyz says 200."""
-    c = container(docs)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("KFAN_")} | kfan_env(docs)
-    process = subprocess.Popen(
-        [sys.executable, "-m", "proxy", *c["args"]], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-    )
-    deadline = time.monotonic() + timeout
-    while _get(f"http://127.0.0.1:{metrics_port}" + c["readinessProbe"]["httpGet"]["path"]) != 200:
-        if process.poll() is not None or time.monotonic() > deadline:
-            process.kill()
-            raise AssertionError("kfan never became ready:\n" + process.communicate()[0])
-        time.sleep(0.2)
-    return process
+@dataclass
+class RenderedKfan:
+    """kfan run from a rendered chart: the objects, the process, its output (growing as it writes) and its two ports."""
+
+    docs: list[dict[str, Any]]
+    process: subprocess.Popen[str]
+    log: list[str]
+    kafka_port: int
+    metrics_port: int
+
+    def output(self) -> str:
+        return "".join(list(self.log))
+
+    def wait_ready(self, readiness: str, timeout: float) -> None:
+        """Until ``readiness`` (its probe's URL) answers 200; fails at once if kfan exits."""
+        wait_for("kfan's readiness probe to answer 200", lambda: self.process.poll() is not None or _get(readiness) == 200, timeout,
+                 seen=lambda: "".join(list(self.log)[-40:]))  # fmt: skip
+        assert self.process.poll() is None, "kfan exited before it was ready:\n" + self.output()
+
+
+def _start_rendered(values_for: Callable[[int, int], dict[str, Any]], timeout: float = 60, attempts: int = 5) -> RenderedKfan:
+    """kfan started as the Deployment's container would be (its args, its KFAN_* environment) from the chart
+    rendered with ``values_for(kafka_port, metrics_port)``; returned once it serves and /readyz says 200.
+
+    The chart takes fixed ports only (1-65535, no 0), so they are picked free first. Another process may
+    bind one before kfan does: kfan then exits saying "Address already in use", and is started again on
+    other ports. kfan binds its metrics port before it prints that it serves, so once that line is out
+    both ports are this kfan's, and what answers on them is not some other process that took them.
+    """
+    failures: list[str] = []
+    for _ in range(attempts):
+        kafka_port, metrics_port = free_port(), free_port()
+        docs = render(values_for(kafka_port, metrics_port))
+        c = container(docs)
+        env = {k: v for k, v in os.environ.items() if not k.startswith("KFAN_")} | kfan_env(docs)
+        process = subprocess.Popen(
+            [sys.executable, "-m", "proxy", *c["args"]], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        )
+        log, serving = follow_output(process, SERVING, timeout)  # None: it exited (the whole output is in) or the time ran out
+        if serving is None:
+            stop_process(process, 5)
+            failures.append("".join(log))
+            if process.returncode != 0 and "address already in use" in failures[-1].lower():
+                continue
+            raise AssertionError("kfan never served:\n" + failures[-1])
+        kfan = RenderedKfan(docs, process, log, kafka_port, metrics_port)
+        try:
+            kfan.wait_ready(f"http://127.0.0.1:{metrics_port}" + c["readinessProbe"]["httpGet"]["path"], timeout)
+        except BaseException:
+            stop_process(process, 5)
+            raise
+        return kfan
+    raise AssertionError(f"kfan found its ports taken {attempts} times:\n" + "\n---\n".join(failures))
 
 
 @pytest.mark.parametrize("workers", [1, 2])
 def test_rendered_configuration_runs_a_real_kfan(cluster: Any, workers: int) -> None:
-    """The Deployment's command, args and ConfigMap start kfan: ready on /readyz, and
-    SIGTERM ends it well within the pod's grace period."""
-    kafka_port, metrics_port = free_port(), free_port()
-    values = BASE | {
-        "kafka": {"bootstrap": cluster.bootstrap},
-        "containerPorts": {"kafka": kafka_port, "metrics": metrics_port},
-        "advertise": f"127.0.0.1:{kafka_port}",
-        "workers": workers,
-        "shutdownTimeoutSeconds": 5,
-    }
-    docs = render(values)
-    c = container(docs)
+    """The Deployment's command, args and ConfigMap start kfan: ready on /readyz, and SIGTERM
+    ends it cleanly, draining within the shutdown timeout the pod's grace period is sized for
+    (test_grace_period_covers_the_prestop_sleep_and_kfans_drain checks that sizing)."""
+    shutdown_timeout = 5
+    kfan = _start_rendered(
+        lambda kafka_port, metrics_port: (
+            BASE
+            | {
+                "kafka": {"bootstrap": cluster.bootstrap},
+                "containerPorts": {"kafka": kafka_port, "metrics": metrics_port},
+                "advertise": f"127.0.0.1:{kafka_port}",
+                "workers": workers,
+                "shutdownTimeoutSeconds": shutdown_timeout,
+            }
+        )
+    )
+    c = container(kfan.docs)
     assert c["command"] == ["kfan"]  # the console script; `python -m proxy` is the same command
-    process = _start_rendered(docs, metrics_port, 60)
+    process = kfan.process
     try:
-        metrics = f"http://127.0.0.1:{metrics_port}"
+        metrics = f"http://127.0.0.1:{kfan.metrics_port}"
         assert _get(metrics + c["livenessProbe"]["httpGet"]["path"]) == 200
-        with socket.create_connection(("127.0.0.1", kafka_port), timeout=5):
+        with socket.create_connection(("127.0.0.1", kfan.kafka_port), timeout=5):
             pass
-        pod = one(docs, "Deployment")["spec"]["template"]["spec"]
-        budget = pod["terminationGracePeriodSeconds"] - values.get("preStopSleepSeconds", 5)
+        pod = one(kfan.docs, "Deployment")["spec"]["template"]["spec"]
         started = time.monotonic()
         process.send_signal(signal.SIGTERM)
-        output = process.communicate(timeout=budget)[0]
-        assert process.returncode == 0, output
-        assert time.monotonic() - started < budget
+        code = process.wait(120)  # against a hang only: how long it took is reported, never judged
+        print(
+            f"kfan (workers={workers}) exited {time.monotonic() - started:.1f} s after SIGTERM; grace period {pod['terminationGracePeriodSeconds']} s"
+        )
+        assert code == 0, kfan.output()
+
+        # Each serving process drained bounded by the chart's shutdownTimeoutSeconds, and ended with
+        # nothing left to close (its other ending says "still busy after", and closes connections).
+        def said(pattern: str) -> int:
+            return sum(1 for line in list(kfan.log) if re.search(pattern, line))
+
+        drain = rf"stopping: \d+ client connections to drain \(up to {shutdown_timeout} s\)"
+        wait_for(f"{workers} process(es) to say how long they drain", lambda: said(drain) >= workers, seen=kfan.output)
+        wait_for(
+            f"{workers} process(es) to say they drained", lambda: said(r"stopping: every connection drained") >= workers, seen=kfan.output
+        )
     finally:
-        if process.poll() is None:
-            process.kill()
-            process.communicate()
+        stop_process(process, 5)
 
 
 def _kubelet(docs: list[dict[str, Any]], secrets: dict[str, dict[str, bytes]]) -> None:
@@ -836,35 +895,38 @@ def test_rendered_security_configuration_runs_kfan_against_a_tls_sasl_cluster(tm
     work = tmp_path_factory.mktemp("chart-secure")
     pod = work / "pod"  # the mount paths of the pod, here
     with SecureCluster(work / "cluster", mtls=True, client_cn="kfan") as sc:
-        kafka_port, metrics_port = free_port(), free_port()
-        values = BASE | {
-            "kafka": {"bootstrap": sc.bootstrap},
-            "containerPorts": {"kafka": kafka_port, "metrics": metrics_port},
-            "advertise": f"localhost:{kafka_port}",
-            "shutdownTimeoutSeconds": 5,
-            "tls": {
-                "enabled": True,
-                "secretName": "kfan-tls",
-                "mountPath": str(pod / "tls"),
-                "clientCA": {"enabled": True, "secretName": "apps-ca", "mountPath": str(pod / "client-ca")},
-            },
-            "brokerTls": {
-                "enabled": True,
-                "ca": {"secretName": "kafka-ca", "mountPath": str(pod / "broker-ca")},
-                "clientCert": {"secretName": "kfan-kafka-cert", "mountPath": str(pod / "broker-tls")},
-            },
-            "brokerSasl": {
-                "mechanism": "SCRAM-SHA-512",
-                "username": "kfan",
-                "password": {"secretName": "kfan-kafka-sasl", "mountPath": str(pod / "broker-sasl")},
-            },
-            "clientAuth": {
-                "mode": "sasl",
-                "mechanisms": ["SCRAM-SHA-512"],
-                "users": {"secretName": "kfan-users", "mountPath": str(pod / "users")},
-            },
-        }
-        docs = render(values)
+
+        def values_for(kafka_port: int, metrics_port: int) -> dict[str, Any]:
+            return BASE | {
+                "kafka": {"bootstrap": sc.bootstrap},
+                "containerPorts": {"kafka": kafka_port, "metrics": metrics_port},
+                "advertise": f"localhost:{kafka_port}",
+                "shutdownTimeoutSeconds": 5,
+                "tls": {
+                    "enabled": True,
+                    "secretName": "kfan-tls",
+                    "mountPath": str(pod / "tls"),
+                    "clientCA": {"enabled": True, "secretName": "apps-ca", "mountPath": str(pod / "client-ca")},
+                },
+                "brokerTls": {
+                    "enabled": True,
+                    "ca": {"secretName": "kafka-ca", "mountPath": str(pod / "broker-ca")},
+                    "clientCert": {"secretName": "kfan-kafka-cert", "mountPath": str(pod / "broker-tls")},
+                },
+                "brokerSasl": {
+                    "mechanism": "SCRAM-SHA-512",
+                    "username": "kfan",
+                    "password": {"secretName": "kfan-kafka-sasl", "mountPath": str(pod / "broker-sasl")},
+                },
+                "clientAuth": {
+                    "mode": "sasl",
+                    "mechanisms": ["SCRAM-SHA-512"],
+                    "users": {"secretName": "kfan-users", "mountPath": str(pod / "users")},
+                },
+            }
+
+        # Where the Secrets go and what the objects hold of them does not depend on the ports.
+        docs = render(values_for(9092, 9100))
 
         # The Secrets an operator would create: kfan's server certificate, the CA of the applications'
         # client certificates, the brokers' CA, kfan's broker client certificate, its password, the users file.
@@ -897,14 +959,14 @@ def test_rendered_security_configuration_runs_kfan_against_a_tls_sasl_cluster(tm
         assert sc.users["kfan"] not in rendered
         _kubelet(docs, secrets)
 
-        process = _start_rendered(docs, metrics_port, 30)
+        kfan = _start_rendered(values_for)
         try:
-            metrics = f"http://127.0.0.1:{metrics_port}"
+            metrics = f"http://127.0.0.1:{kfan.metrics_port}"
 
-            topic = f"chart-secure-{int(time.time() * 1000) % 100000}"
+            topic = f"chart-secure-{uuid.uuid4().hex[:8]}"
             sc.mock.create_topic(topic, 6)
             conf = {
-                "bootstrap.servers": f"localhost:{kafka_port}",
+                "bootstrap.servers": f"localhost:{kfan.kafka_port}",
                 "security.protocol": "SASL_SSL",
                 "ssl.ca.location": str(server.ca),
                 "ssl.certificate.location": str(app.cert),
@@ -918,38 +980,51 @@ def test_rendered_security_configuration_runs_kfan_against_a_tls_sasl_cluster(tm
             values_sent = [f"secure-{i}".encode() for i in range(30)]
             for i, value in enumerate(values_sent):
                 producer.produce(topic, value=value, key=str(i).encode(), on_delivery=lambda err, _msg: err and errors.append(err))
-            assert producer.flush(15) == 0 and errors == [], errors
+            assert producer.flush(60) == 0 and errors == [], errors
             consumer = Consumer({**conf, "group.id": f"g-{topic}", "enable.auto.commit": False, "fetch.wait.max.ms": 100})
             try:
                 consumer.assign([TopicPartition(topic, p, 0) for p in range(6)])
                 got: list[bytes] = []
-                deadline = time.monotonic() + 15
-                while len(got) < len(values_sent) and time.monotonic() < deadline:
+
+                def consumed_all() -> bool:
                     msg = consumer.poll(0.2)
                     if msg is not None:
                         assert msg.error() is None, msg.error()
                         got.append(msg.value())
+                    return len(got) >= len(values_sent)
+
+                wait_for("every record produced to be consumed", consumed_all, 60, seen=lambda: f"{len(got)} of {len(values_sent)}")
             finally:
                 consumer.close()
             assert sorted(got) == sorted(values_sent)
 
             # kfan logged in to every broker as itself, over mTLS; and it authenticated the application.
-            logins = {(e["principal"], e["mechanism"], e["broker"]) for e in sc.front_events("authenticated")}
-            assert logins == {("kfan", "SCRAM-SHA-512", b) for b in sc.brokers}, logins
-            assert "CN=kfan" in sc.stunnel_output()
-            with urllib.request.urlopen(metrics + "/metrics", timeout=5) as answer:
-                scraped = answer.read().decode()
-            assert re.search(r'^kfan_authentications_total\{mechanism="SCRAM-SHA-512",result="ok"\} [1-9]', scraped, re.M), scraped
-            assert re.search(r'^kfan_authentications_total\{mechanism="mTLS",result="ok"\} [1-9]', scraped, re.M)
+            expected = {("kfan", "SCRAM-SHA-512", b) for b in sc.brokers}
+
+            def logins() -> set[tuple[Any, Any, Any]]:
+                return {(e["principal"], e["mechanism"], e["broker"]) for e in sc.front_events("authenticated")}
+
+            wait_for("kfan's login at every broker's front", lambda: logins() >= expected, 30, seen=logins)
+            assert logins() == expected
+            wait_for("stunnel to log kfan's client certificate", lambda: "CN=kfan" in sc.stunnel_output(), 30, seen=sc.stunnel_output)
+
+            def scrape() -> str:
+                with urllib.request.urlopen(metrics + "/metrics", timeout=5) as answer:
+                    return answer.read().decode()
+
+            counted = (
+                r'^kfan_authentications_total\{mechanism="SCRAM-SHA-512",result="ok"\} [1-9]',
+                r'^kfan_authentications_total\{mechanism="mTLS",result="ok"\} [1-9]',
+            )
+
+            def scrape_counted() -> str | None:
+                text = scrape()
+                return text if all(re.search(c, text, re.M) for c in counted) else None
+
+            scraped = wait_for("the application's logins in kfan's metrics", scrape_counted, 30, seen=scrape)
             assert not re.search(r'^kfan_broker_authentications_total\{.*result="failed"\}', scraped, re.M)
+            wait_for_line(kfan.log, re.escape("authenticated as User:alice (SCRAM-SHA-512)"))
+            wait_for_line(kfan.log, re.escape("TLS client certificate of CN=orders-app"))
+            wait_for_line(kfan.log, re.escape("security: brokers: TLS, SASL SCRAM-SHA-512 as kfan"))
         finally:
-            if process.poll() is None:
-                process.send_signal(signal.SIGTERM)
-            try:
-                output = process.communicate(timeout=15)[0]
-            except subprocess.TimeoutExpired:
-                process.kill()
-                output = process.communicate()[0]
-        assert "authenticated as User:alice (SCRAM-SHA-512)" in output
-        assert "TLS client certificate of CN=orders-app" in output
-        assert "security: brokers: TLS, SASL SCRAM-SHA-512 as kfan" in output
+            stop_process(kfan.process, 15)

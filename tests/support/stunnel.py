@@ -11,14 +11,13 @@ client's address, so that the server behind it can tell connections apart.
 from __future__ import annotations
 
 import shutil
-import socket
 import subprocess
-import time
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from tests.support.apt import ensure_command
-from tests.support.processes import follow_output, free_port, stop_process
+from tests.support.processes import follow_output, stop_process
 
 
 def stunnel_binary() -> str:
@@ -86,17 +85,9 @@ def _config(
     return "\n".join(lines) + "\n"
 
 
-def _wait_port(port: int, process: subprocess.Popen[str], timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            return False
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
-                return True
-        except OSError:
-            time.sleep(0.02)
-    return False
+# The line stunnel logs once its accept socket listens (bind, listen, then this line): the port it got.
+BOUND = r"Service \[kafka\] \(FD=\d+\) bound to 127\.0\.0\.1:(\d+)"
+START_TIMEOUT_S = 30.0
 
 
 def start_stunnel(
@@ -111,28 +102,25 @@ def start_stunnel(
     proxy_protocol: bool = False,
     name: str = "stunnel",
 ) -> Stunnel:
-    """stunnel accepting on 127.0.0.1:``accept_port`` (None: a free port) and connecting to 127.0.0.1:``connect_port``.
+    """stunnel accepting on 127.0.0.1:``accept_port`` (None: a port stunnel picks) and connecting to 127.0.0.1:``connect_port``.
 
     Server mode (default): TLS with ``cert``/``key`` on the accept side;
     ``verify_ca`` makes a verified client certificate mandatory. Client mode:
     TLS on the connect side, ``cert``/``key`` an optional client certificate,
-    ``verify_ca`` the CA the server must chain to. Returns once the accept
-    port takes connections (the probe connection shows in the log as a
-    failed handshake).
+    ``verify_ca`` the CA the server must chain to. With ``accept_port`` None
+    stunnel binds port 0 and the port is read from its own log line, so no
+    other process can take it in between. Returns once that line says the
+    accept socket listens (stunnel logs it after ``listen()``).
     """
     binary = stunnel_binary()
     workdir.mkdir(parents=True, exist_ok=True)
-    failures: list[str] = []
-    for _ in range(3):  # a free port can be taken between free_port() and stunnel's bind
-        port = accept_port if accept_port is not None else free_port()
-        config = workdir / f"{name}-{port}.conf"
-        config.write_text(_config(port, connect_port, cert, key, verify_ca, client, proxy_protocol))
-        proc = subprocess.Popen([binary, str(config)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        log, _ = follow_output(proc, r"Configuration successful", 10)
-        if _wait_port(port, proc, 10):
-            return Stunnel(proc, port, connect_port, config, log)
+    config = workdir / f"{name}-{uuid.uuid4().hex[:8]}.conf"
+    config.write_text(_config(accept_port or 0, connect_port, cert, key, verify_ca, client, proxy_protocol))
+    proc = subprocess.Popen([binary, str(config)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    log, bound = follow_output(proc, BOUND, START_TIMEOUT_S)
+    if bound is None or proc.poll() is not None:
         stop_process(proc, 5)
-        failures.append(f"--- {config}:\n{config.read_text()}--- output:\n{''.join(log)}")
-        if accept_port is not None:
-            break
-    raise RuntimeError("stunnel did not start:\n" + "\n".join(failures))
+        raise RuntimeError(f"stunnel did not start:\n--- {config}:\n{config.read_text()}--- output:\n{''.join(log)}")
+    port = int(bound.group(1))
+    assert accept_port is None or port == accept_port, (port, accept_port)
+    return Stunnel(proc, port, connect_port, config, log)

@@ -10,13 +10,17 @@ node, so it cannot show fan-out.
 from __future__ import annotations
 
 import os
+import re
 import shutil
-import socket
 import subprocess
-import time
 from pathlib import Path
 
-from tests.support.processes import free_port, stop_process
+from tests.support.processes import follow_output, free_port, stop_process
+
+START_TIMEOUT_S = 30.0
+START_ATTEMPTS = 5
+READY = r"ready in \S+"  # printed once the listener is bound
+ADDRESS_IN_USE = r"AddrInUse"  # its listen address was taken first
 
 
 def find_tansu() -> Path:
@@ -37,34 +41,49 @@ def find_tansu() -> Path:
 
 
 class Tansu:
-    """``with Tansu() as t: t.bootstrap`` — one in-memory broker on 127.0.0.1."""
+    """``with Tansu() as t: t.bootstrap`` — one in-memory broker on 127.0.0.1.
+
+    Without a port it takes a free one; another process can bind that port before
+    Tansu does (Tansu then logs AddrInUse and exits), so it is started again on
+    another. ``log``: Tansu's output, growing as it writes.
+    """
 
     def __init__(self, port: int = 0) -> None:
-        self.port = port or free_port()
-        self.process: subprocess.Popen[bytes] | None = None
+        self.requested = port
+        self.port = port
+        self.process: subprocess.Popen[str] | None = None
+        self.log: list[str] = []
 
     @property
     def bootstrap(self) -> str:
         return f"127.0.0.1:{self.port}"
 
     def start(self) -> Tansu:
-        url = f"tcp://127.0.0.1:{self.port}"
-        self.process = subprocess.Popen(
-            [str(find_tansu()), "broker", "--listener-url", url, "--advertised-listener-url", url, "--storage-engine", "memory://tansu/"],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"tansu exited with {self.process.returncode}")
-            try:
-                socket.create_connection(("127.0.0.1", self.port), timeout=0.2).close()
+        failures: list[str] = []
+        for _ in range(START_ATTEMPTS):
+            port = self.requested or free_port()
+            url = f"tcp://127.0.0.1:{port}"
+            argv = [
+                str(find_tansu()),
+                "broker",
+                "--listener-url",
+                url,
+                "--advertised-listener-url",
+                url,
+                "--storage-engine",
+                "memory://tansu/",
+            ]
+            process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace")
+            log, outcome = follow_output(process, f"{READY}|{ADDRESS_IN_USE}", START_TIMEOUT_S)
+            if outcome is not None and re.fullmatch(READY, outcome.group(0)):
+                self.port, self.process, self.log = port, process, log
                 return self
-            except OSError:
-                time.sleep(0.02)
-        self.stop()
-        raise RuntimeError("tansu did not open its port in 20 s")
+            stop_process(process, 10)
+            failures.append(f"--- port {port} (exit {process.returncode}):\n" + "".join(log[-20:]))
+            lost_port = outcome is not None or any(re.search(ADDRESS_IN_USE, line) for line in log)
+            if self.requested or not lost_port:
+                break
+        raise RuntimeError("tansu did not start:\n" + "\n".join(failures))
 
     def alive(self) -> bool:
         return self.process is not None and self.process.poll() is None
