@@ -29,8 +29,11 @@ from tests.support.tansu import Tansu
 # and every record is read back. 40 MB per path: kfan's CPU time, counted in clock ticks (10 ms),
 # must come to several ticks in each of produce and consume, or its figures would be 0.
 RECORDS = 40_000
-SHORT = ["--records", str(RECORDS), "--latency-records", "30", "--slow-fetch-records", "40"]
-TIMEOUT_S = 150
+# --duration caps each path's produce and consume time: generous, so that every record moves on a
+# machine however busy (the checks want all of them: a figure, never how fast it was).
+DURATION_S = 300
+SHORT = ["--records", str(RECORDS), "--latency-records", "30", "--slow-fetch-records", "40", "--duration", str(DURATION_S)]
+TIMEOUT_S = 900  # bounds a hang only
 
 PATH_FIGURES = ["produce_mbps", "consume_mbps", "latency_p50_ms", "latency_p99_ms"]
 SLOW_FIGURES = ["slow_fetch_p50_ms", "slow_fetch_p99_ms"]

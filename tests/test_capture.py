@@ -10,13 +10,14 @@ stores no payload, and that a killed kfan leaves readable files.
 from __future__ import annotations
 
 import datetime
+import os
 import signal
 import time
 import uuid
 from pathlib import Path
 
-import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient
 from kio.index import load_request_schema, load_response_schema
 from kio.schema.fetch.v12.request import FetchPartition, FetchRequest, FetchTopic
 from kio.schema.metadata.v12.request import MetadataRequest
@@ -30,6 +31,7 @@ from spark.checks import DEFAULT_CORE, check_exchange
 from tests.support.kfan import start_kfan
 from tests.support.kio_oracle import kio_decode
 from tests.support.rawclient import RawClient
+from tests.support.waiting import Timeout, wait_for
 
 PAYLOAD = b"secret-payload-"
 
@@ -45,12 +47,20 @@ def _traffic(bootstrap: str, topic: str) -> None:
     fire.flush(10)
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"cap-{uuid.uuid4()}", "enable.auto.commit": False})
     consumer.assign([TopicPartition(topic, p, 0) for p in range(6)])
-    got = 0
-    deadline = time.monotonic() + 30
-    while got < 350 and time.monotonic() < deadline:
-        got += sum(1 for m in consumer.consume(500, timeout=0.5) if m.error() is None)
-    consumer.close()
-    assert got >= 300
+    got = [0]
+
+    def consumed() -> bool:
+        got[0] += sum(1 for m in consumer.consume(500, timeout=0.5) if m.error() is None)
+        return got[0] >= 350
+
+    try:
+        # acks=0 records may be lost: 300 are owed, all 350 are waited for only up to the deadline.
+        wait_for("the 350 records consumed", consumed, 30)
+    except Timeout:
+        pass
+    finally:
+        consumer.close()
+    assert got[0] >= 300
 
 
 def _asks(frame_without_cid: bytes) -> set[tuple[object, int, int]]:
@@ -60,6 +70,20 @@ def _asks(frame_without_cid: bytes) -> set[tuple[object, int, int]]:
     return {
         (getattr(t, "topic", None) or getattr(t, "topic_id", None), p.partition, p.fetch_offset) for t in fetch.topics for p in t.partitions
     }
+
+
+def links_to(pid: int, port: int) -> int:
+    """The established TCP connections of process ``pid`` to port ``port`` of 127.0.0.1."""
+    inodes = set()
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        try:
+            target = os.readlink(fd)
+        except OSError:
+            continue  # closed meanwhile
+        if target.startswith("socket:["):
+            inodes.add(target[8:-1])
+    rows = [line.split() for line in Path("/proc/net/tcp").read_text().splitlines()[1:]]
+    return sum(1 for r in rows if r[9] in inodes and r[3] == "01" and int(r[2].split(":")[1], 16) == port)
 
 
 def _run(cluster: MockCluster, topic: str, directory: Path, *extra: str) -> list[CaptureRow]:
@@ -127,7 +151,8 @@ def test_capture_records_none_keeps_no_payload(cluster: MockCluster, topic: str,
 def test_killed_kfan_leaves_readable_files(cluster: MockCluster, topic: str, tmp_path: Path) -> None:
     k = start_kfan(cluster.bootstrap, "--capture", str(tmp_path))
     _traffic(k.bootstrap, topic)
-    time.sleep(1.0)
+    # The writer batches rows off the data path: the file appears once it has written some.
+    wait_for("a capture file being written", lambda: list(tmp_path.glob("*.inprogress")), 30)
     k.process.send_signal(signal.SIGKILL)
     k.process.wait(10)
     assert list(tmp_path.glob("*.inprogress")), "the file being written stays partial"
@@ -142,8 +167,10 @@ def test_a_row_keeps_the_topology_its_split_used(cluster: MockCluster, tmp_path:
     topic = f"moved-{uuid.uuid4().hex[:8]}"
     cluster.create_topic(topic, 1, leaders=[1])
     metadata = MetadataRequest(topics=None, allow_auto_topic_creation=False, include_topic_authorized_operations=False)
+    broker_1 = AdminClient({"bootstrap.servers": cluster.bootstrap}).list_topics(timeout=20).brokers[1].port
+    max_wait = 4.0  # ample for the leader to move (and kfan to learn it) while the Fetch waits
     fetch = FetchRequest(
-        max_wait=i32Timedelta.parse(datetime.timedelta(milliseconds=2000)),
+        max_wait=i32Timedelta.parse(datetime.timedelta(seconds=max_wait)),
         min_bytes=i32(1),
         topics=(
             FetchTopic(
@@ -157,14 +184,25 @@ def test_a_row_keeps_the_topology_its_split_used(cluster: MockCluster, tmp_path:
     try:
         with RawClient((k.host, k.port)) as fetcher, RawClient((k.host, k.port)) as other:
             other.call(metadata)
+            links = links_to(k.pid, broker_1)
+            sent_at = time.monotonic()
             cid = fetcher.send(fetch)
-            time.sleep(0.3)
+            # The fetcher's own link to broker 1 (its Fetch lane) opens once kfan has planned the
+            # Fetch by the topology it knows: only then may the leader move.
+            wait_for("kfan to send the Fetch on to broker 1", lambda: links_to(k.pid, broker_1) > links, 30)
             cluster.set_leader(topic, 0, 2)
             moved = other.call(metadata)
             assert [t.partitions[0].leader_id for t in moved.topics if t.name == topic] == [0]  # kfan's node id
-            with pytest.raises(TimeoutError):
-                fetcher.receive(timeout=0.05)  # still waiting at broker 1 after kfan learned the move
-            assert fetcher.receive(timeout=5) is not None
+            try:
+                answer = fetcher.receive(timeout=0.05)
+            except TimeoutError:
+                answer = None  # still waiting at broker 1 after kfan learned the move
+            else:
+                # Answered already: only right if the machine was so slow that its max_wait has passed.
+                assert time.monotonic() - sent_at >= max_wait, "the Fetch was answered before its max_wait, as the leader moved"
+            if answer is None:
+                answer = fetcher.receive(timeout=60)
+            assert answer is not None
     finally:
         assert k.stop() == 0
     (row,) = [r for r in read_rows(tmp_path) if r.api_key == 1 and r.correlation_id == cid]

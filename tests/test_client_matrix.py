@@ -78,7 +78,7 @@ def _tansu_topic(kfan: Kfan) -> str:
     """A fresh 3-partition topic on Tansu, created with CreateTopics through kfan."""
     name = _name("rt")
     admin = AdminClient({"bootstrap.servers": kfan.bootstrap})  # kept alive until the answer is in
-    admin.create_topics([NewTopic(name, TANSU_PARTITIONS, 1)], operation_timeout=10)[name].result(15)
+    admin.create_topics([NewTopic(name, TANSU_PARTITIONS, 1)], operation_timeout=10)[name].result(30)
     return name
 
 

@@ -60,41 +60,78 @@ def test_readme_has_exactly_two_quickstart_commands() -> None:
     assert blocks[1].strip() in ci, ".ci/run must run the README's test command"
 
 
+DEMO_PORT = 9092  # where the README's demo serves, as it says
+BIND_ATTEMPTS = 5
+
+
+def accepts(port: int) -> bool:
+    """Something listens on 127.0.0.1:``port``."""
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=2).close()
+    except OSError:
+        return False
+    return True
+
+
+def stop_group(proc: subprocess.Popen[str]) -> int:
+    """Ctrl-C to the command's process group (as a terminal sends it), then SIGKILL after 30 s; its exit status."""
+    try:
+        os.killpg(proc.pid, signal.SIGINT)
+    except ProcessLookupError:
+        pass  # it ended already
+    try:
+        return proc.wait(30)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        return proc.wait()
+
+
+def start_quickstart(directory: Path, env: dict[str, str]) -> tuple[subprocess.Popen[str], list[str], bool]:
+    """The README's first command, run in ``directory`` until kfan demo says how to connect (True) or ends.
+
+    Its port is the README's: another process on the machine (another run of this test) may hold it.
+    kfan demo then fails to bind it, and the command is run again once the port is free.
+    """
+    for _ in range(BIND_ATTEMPTS):
+        proc = subprocess.Popen(
+            ["bash", "-c", quickstart_blocks()[0]],
+            cwd=directory,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,
+        )
+        out, said = follow_output(proc, r"Ctrl-C stops it|Address already in use", 600)
+        if said is None or said.group(0) != "Address already in use":
+            return proc, out, said is not None
+        stop_group(proc)
+        wait_for(f"127.0.0.1:{DEMO_PORT}, taken by another process, to be free", lambda: not accepts(DEMO_PORT), 600)
+    raise AssertionError(f"127.0.0.1:{DEMO_PORT} was taken at each of {BIND_ATTEMPTS} attempts:\n" + "".join(out[-40:]))
+
+
 def test_demo_from_fresh_copy(tmp_path: Path) -> None:
     fresh_copy(tmp_path)
     env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "PYTHONPATH")}
-    proc = subprocess.Popen(
-        ["bash", "-c", quickstart_blocks()[0]],
-        cwd=tmp_path,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,
-    )
-    out, printed = follow_output(proc, "Ctrl-C stops it", 600)
+    proc, out, printed = start_quickstart(tmp_path, env)
     try:
         assert printed and proc.poll() is None, "kfan demo did not start:\n" + "".join(out[-40:])
         text = "".join(out)
-        assert "127.0.0.1:9092" in text
+        assert f"127.0.0.1:{DEMO_PORT}" in text
         leaders = [int(b) for b in re.findall(r"partition \d -> broker (\d)", text)]
         assert leaders == [1, 2, 3, 1, 2, 3]
         example = re.search(r"^(\.venv/bin/python - <<'PY'\n.*?\nPY)\n", text, re.S | re.M)
         assert example, "no copy-paste example printed"
         started = time.monotonic()
-        run = subprocess.run(["bash", "-c", example.group(1)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+        # The deadline only bounds a hang: how long the example took is reported, never judged.
+        run = subprocess.run(["bash", "-c", example.group(1)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
         assert run.returncode == 0, run.stdout + run.stderr
         got = re.findall(r"^partition (\d) b'(\d+)' b'hello (\d+)'$", run.stdout, re.M)
         assert sorted(int(v) for _, _, v in got) == list(range(12)), run.stdout
         assert len({p for p, _, _ in got}) > 1, "records spread over partitions led by different brokers"
-        assert time.monotonic() - started < 120
+        print(f"the printed example ran in {time.monotonic() - started:.1f} s")
     finally:
-        os.killpg(proc.pid, signal.SIGINT)
-        try:
-            code = proc.wait(30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            code = proc.wait()
+        code = stop_group(proc)
     assert code == 0, "Ctrl-C must stop kfan demo cleanly:\n" + "".join(out[-20:])
 
 
@@ -103,16 +140,26 @@ def test_demo_from_fresh_copy(tmp_path: Path) -> None:
 
 @dataclass
 class Demo:
-    """A running `kfan demo` (on a free port) and what it printed."""
+    """A running `kfan demo` (on a free port) and what it printed.
+
+    Its output (its brokers' stderr included) goes to a file, not a pipe: once the
+    process has exited the file holds all of it, where a thread copying a pipe
+    may still be behind by the last lines.
+    """
 
     process: subprocess.Popen[str]
-    log: list[str]
+    output: Path
     address: tuple[str, int]
     brokers_pid: int
+    brokers_started: str  # their start time: tells them from a later process given the same pid
     broker_ports: list[int]
 
     def text(self) -> str:
-        return "".join(self.log)
+        return self.output.read_text(errors="replace")
+
+    @property
+    def log(self) -> list[str]:
+        return self.text().splitlines(keepends=True)
 
     def wait_for_log(self, pattern: str, timeout: float = 15) -> re.Match[str]:
         return wait_for(
@@ -133,23 +180,33 @@ class Demo:
             raise AssertionError("kfan demo did not stop within 30 s:\n" + "".join(self.log[-40:])) from None
 
 
-def start_demo(*extra: str, env: dict[str, str] | None = None) -> Demo:
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "proxy", "demo", "--listen", "127.0.0.1:0", *extra],
-        env={**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1", **(env or {})},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-    log, started = follow_output(proc, "Ctrl-C stops it", 60)
-    if started is None or proc.poll() is not None:
-        proc.kill()
-        proc.wait()
-        raise AssertionError("kfan demo did not start:\n" + "".join(log))
-    text = "".join(log)
+def start_demo(directory: Path, *extra: str, env: dict[str, str] | None = None) -> Demo:
+    output = directory / "kfan-demo.out"
+    with output.open("w") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "proxy", "demo", "--listen", "127.0.0.1:0", *extra],
+            env={**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1", **(env or {})},
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+
+    def read() -> str:
+        return output.read_text(errors="replace")
+
+    started = False
+    try:
+        wait_for("kfan demo to say how to connect", lambda: "Ctrl-C stops it" in read() or proc.poll() is not None, 60, seen=read)
+        started = proc.poll() is None
+    finally:
+        if not started:
+            proc.kill()
+            proc.wait()
+    text = read()
+    assert started, "kfan demo did not start:\n" + text
     host, port = re.search(r"Connect any Kafka client to:\s+(\S+):(\d+)", text).groups()  # type: ignore[union-attr]
     pid, bootstrap = re.search(r"embedded brokers: process (\d+) \(kfan cluster [^)]*\) at (\S+)", text).groups()  # type: ignore[union-attr]
-    return Demo(proc, log, (host, int(port)), int(pid), [int(a.rpartition(":")[2]) for a in bootstrap.split(",")])
+    return Demo(proc, output, (host, int(port)), int(pid), start_time(int(pid)), [int(a.rpartition(":")[2]) for a in bootstrap.split(",")])
 
 
 def children(pid: int) -> set[int]:
@@ -159,27 +216,52 @@ def children(pid: int) -> set[int]:
     return found
 
 
-def gone(pid: int, timeout: float) -> bool:
-    """The process has exited (a zombie counts: it runs nothing, only waits to be reaped)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            state = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
-        except FileNotFoundError:
-            return True
-        if state in ("Z", "X"):
-            return True
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.05)
-
-
-def refuses(port: int) -> bool:
+def _stat(pid: int) -> list[str] | None:
+    """The fields of /proc/PID/stat after the command name (the first is the state), or None: no such process."""
     try:
-        socket.create_connection(("127.0.0.1", port), timeout=2).close()
-    except ConnectionRefusedError:
-        return True
-    return False
+        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+
+
+def start_time(pid: int) -> str:
+    """When process ``pid`` started (field 22 of /proc/PID/stat, in clock ticks since boot)."""
+    fields = _stat(pid)
+    assert fields is not None, f"no process {pid}"
+    return fields[19]
+
+
+def process_state(pid: int, started: str) -> str | None:
+    """The state (R, S, Z...) of the process ``pid`` that started at ``started``, or None when it is
+    no more (reaped; a later process given the same pid is another one)."""
+    fields = _stat(pid)
+    if fields is None or fields[19] != started:
+        return None
+    return fields[0]
+
+
+def gone(pid: int, started: str) -> bool:
+    """The process has exited (a zombie counts: it runs nothing, only waits to be reaped)."""
+    return process_state(pid, started) in (None, "Z", "X")
+
+
+def listening_ports(pid: int) -> set[int]:
+    """The TCP ports the sockets of process ``pid`` listen on."""
+    inodes: set[str] = set()
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        try:
+            target = os.readlink(fd)
+        except OSError:
+            continue  # closed meanwhile
+        if target.startswith("socket:["):
+            inodes.add(target[8:-1])
+    ports: set[int] = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in Path(table).read_text().splitlines()[1:]:
+            cols = line.split()
+            if cols[3] == "0A" and cols[9] in inodes:  # 0A: LISTEN
+                ports.add(int(cols[1].rsplit(":", 1)[1], 16))
+    return ports
 
 
 def http_status(url: str) -> int:
@@ -198,21 +280,24 @@ def round_trip(bootstrap: str, n: int = 12) -> list[tuple[int, bytes]]:
     assert producer.flush(30) == 0
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"demo-{uuid.uuid4().hex[:8]}", "auto.offset.reset": "earliest"})
     got: list[tuple[int, bytes]] = []
+
+    def all_back() -> bool:
+        m = consumer.poll(1)
+        if m is not None and m.error() is None:
+            got.append((m.partition(), m.value()))
+        return len(got) >= n
+
     try:
         consumer.subscribe(["demo"])
-        deadline = time.monotonic() + 60
-        while len(got) < n and time.monotonic() < deadline:
-            m = consumer.poll(1)
-            if m is not None and m.error() is None:
-                got.append((m.partition(), m.value()))
+        wait_for(f"the {n} records consumed back", all_back, 60, seen=lambda: got)
     finally:
         consumer.close()
     return got
 
 
-def test_demo_outlives_its_brokers() -> None:
+def test_demo_outlives_its_brokers(tmp_path: Path) -> None:
     """The brokers run in a child process: when it dies (as a crash would kill it), kfan says so once and keeps serving."""
-    demo = start_demo("--metrics-listen", "127.0.0.1:0", "--metadata-refresh", "1")
+    demo = start_demo(tmp_path, "--metrics-listen", "127.0.0.1:0", "--metadata-refresh", "1")
     try:
         assert demo.brokers_pid in children(demo.process.pid), "the brokers are a child process of kfan"
         leaders = [int(b) for b in re.findall(r"partition \d -> broker (\d)", demo.text())]
@@ -223,14 +308,21 @@ def test_demo_outlives_its_brokers() -> None:
         assert sorted(v for _, v in got) == sorted(f"hello {i}".encode() for i in range(12))
         assert len({p for p, _ in got}) > 1
         assert http_status(f"http://127.0.0.1:{metrics}/readyz") == 200
+        # The brokers listen in the child, not in kfan: they go with it. (Asked of the processes'
+        # own sockets, not by connecting after the kill: another process may bind a port freed then.)
+        ports = set(demo.broker_ports)
+        assert ports <= listening_ports(demo.brokers_pid), "the brokers listen in the child process"
+        assert not ports & listening_ports(demo.process.pid), "kfan itself listens on no broker port"
 
         os.kill(demo.brokers_pid, signal.SIGKILL)
         demo.wait_for_log(rf"embedded brokers: process {demo.brokers_pid} was killed by SIGKILL")
-        assert all(refuses(port) for port in demo.broker_ports), "the brokers lived in the child: they are gone with it"
-        deadline = time.monotonic() + 15
-        while http_status(f"http://127.0.0.1:{metrics}/readyz") != 503:
-            assert time.monotonic() < deadline, "/readyz still says ready with every broker gone"
-            time.sleep(0.2)
+        assert gone(demo.brokers_pid, demo.brokers_started)
+        wait_for(
+            "/readyz to say not ready, every broker gone",
+            lambda: http_status(f"http://127.0.0.1:{metrics}/readyz") == 503,
+            30,
+            seen=lambda: "".join(demo.log[-20:]),
+        )
         assert demo.process.poll() is None, "kfan exited with its brokers:\n" + "".join(demo.log[-40:])
 
         # Still a Kafka endpoint: it accepts connections and answers ApiVersions itself. Metadata
@@ -245,7 +337,14 @@ def test_demo_outlives_its_brokers() -> None:
                 assert {k.api_key for k in versions.api_keys} >= {0, 1, 3, 18}
                 client.send(metadata)
                 assert client.closed_by_peer(timeout=20), "a Metadata request with every broker gone"
-        time.sleep(1.5)  # a few more failed refreshes: the death is still logged once
+        # A few more failed refreshes (--metadata-refresh 1): the death is still logged once.
+        seen = len(demo.log)
+        wait_for(
+            "two more failed topology refreshes",
+            lambda: sum("topology refresh failed" in line for line in demo.log[seen:]) >= 2,
+            30,
+            seen=lambda: "".join(demo.log[seen:][-20:]),
+        )
         assert demo.text().count("embedded brokers: process") == 2, "kfan logs the start and the end of its brokers, once each"
         assert demo.process.poll() is None
     finally:
@@ -253,23 +352,30 @@ def test_demo_outlives_its_brokers() -> None:
     assert code == 0, "kfan demo must stop cleanly on SIGTERM:\n" + "".join(demo.log[-40:])
 
 
-def test_demo_stops_its_brokers_with_it() -> None:
-    demo = start_demo()
+def test_demo_stops_its_brokers_with_it(tmp_path: Path) -> None:
+    demo = start_demo(tmp_path)
     assert demo.brokers_pid in children(demo.process.pid)
-    assert not gone(demo.brokers_pid, 0)
+    assert not gone(demo.brokers_pid, demo.brokers_started)
     assert demo.stop(signal.SIGTERM) == 0, "".join(demo.log[-40:])
-    assert gone(demo.brokers_pid, 0), "SIGTERM to kfan demo left its brokers running"
-    assert not Path(f"/proc/{demo.brokers_pid}").exists(), "kfan demo did not reap its brokers"
-    assert "was killed by" not in demo.text() and "exited with status" not in demo.text(), "stopping them is not reported as a death"
-    assert "killing it" not in demo.text(), "the brokers stop on SIGTERM, SIGKILL is only the fallback"
+    assert gone(demo.brokers_pid, demo.brokers_started), "SIGTERM to kfan demo left its brokers running"
+    assert process_state(demo.brokers_pid, demo.brokers_started) is None, "kfan demo did not reap its brokers"
+    # Complete: kfan demo has exited, after its brokers, and its output is a file.
+    text = demo.text()
+    assert "was killed by" not in text and "exited with status" not in text, "stopping them is not reported as a death"
+    assert "killing it" not in text, "the brokers stop on SIGTERM, SIGKILL is only the fallback"
 
 
-def test_demo_brokers_die_with_a_killed_kfan() -> None:
+def test_demo_brokers_die_with_a_killed_kfan(tmp_path: Path) -> None:
     """SIGKILL leaves kfan no chance to clean up: the child notices its pipe to kfan closing and stops."""
-    demo = start_demo()
-    assert not gone(demo.brokers_pid, 0)
+    demo = start_demo(tmp_path)
+    assert not gone(demo.brokers_pid, demo.brokers_started)
     demo.stop(signal.SIGKILL)
-    assert gone(demo.brokers_pid, 15), "the brokers outlived a SIGKILLed kfan demo"
+    wait_for(
+        "the brokers of a SIGKILLed kfan demo to stop (they must not outlive it)",
+        lambda: gone(demo.brokers_pid, demo.brokers_started),
+        30,
+        seen=lambda: "".join(demo.log[-20:]),
+    )
 
 
 def test_demo_reports_brokers_that_fail_to_start(tmp_path: Path) -> None:
@@ -279,11 +385,13 @@ def test_demo_reports_brokers_that_fail_to_start(tmp_path: Path) -> None:
     (fake / "__init__.py").write_text("raise ImportError('no librdkafka in this test')\n")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(tmp_path)])}
     started = time.monotonic()
+    # Waiting for brokers would end in "did not report their address within 60 s": the message
+    # tells exiting at once from waiting; how long it took is reported, never judged.
     run = subprocess.run(
-        [sys.executable, "-m", "proxy", "demo", "--listen", "127.0.0.1:0"], env=env, capture_output=True, text=True, timeout=60
+        [sys.executable, "-m", "proxy", "demo", "--listen", "127.0.0.1:0"], env=env, capture_output=True, text=True, timeout=180
     )
     assert run.returncode == 1, run.stdout + run.stderr
     assert re.search(r"kfan demo: the embedded brokers \(process \d+: kfan cluster .*\) exited with status 1", run.stderr), run.stderr
     assert "no librdkafka in this test" in run.stderr, "the child's own error reaches kfan's stderr"
     assert "Connect any Kafka client" not in run.stdout
-    assert time.monotonic() - started < 30
+    print(f"kfan demo gave up on its brokers after {time.monotonic() - started:.1f} s")

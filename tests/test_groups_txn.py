@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import time
 import uuid
 
-from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 
 from backends.mock import MockCluster
 from tests.support.kfan import Kfan
+from tests.support.waiting import wait_for
 
 
 class _Direct:
@@ -26,33 +26,50 @@ def _consume(
     *,
     isolation: str = "read_uncommitted",
     commit: bool = False,
-    timeout: float = 60,
+    timeout: float = 120,
 ) -> list[bytes]:
+    """The values a fresh member of ``group`` reads from its committed offsets (else the earliest)
+    to the end of every partition of ``topic``: at least ``want`` of them, and whatever comes
+    before the ends (so anything beyond ``want`` shows, however the partitions' fetches interleave).
+    ``timeout`` only bounds a run that never gets there."""
     consumer = Consumer(
         {
             "bootstrap.servers": kfan.bootstrap,
             "group.id": group,
             "auto.offset.reset": "earliest",
             "enable.auto.commit": False,
+            "enable.partition.eof": True,
             "isolation.level": isolation,
             # The mock holds a rejoin for session timeout - 1 s (see tests/support/round_trip.py).
             "session.timeout.ms": 6000,
+            "heartbeat.interval.ms": 500,
         }
     )
-    consumer.subscribe([topic])
     got: list[bytes] = []
-    deadline = time.monotonic() + timeout
-    while len(got) < want and time.monotonic() < deadline:
+    at_end: set[int] = set()  # partitions read to their end (their last stable offset in read_committed)
+
+    def read() -> bool:
         for m in consumer.consume(500, timeout=0.5):
             if m.error() is None:
                 got.append(m.value())
-    # Anything beyond `want` would show here.
-    for m in consumer.consume(100, timeout=2):
-        if m.error() is None:
-            got.append(m.value())
-    if commit:
-        consumer.commit(asynchronous=False)
-    consumer.close()
+                at_end.discard(m.partition())
+            elif m.error().code() == KafkaError._PARTITION_EOF:
+                at_end.add(m.partition())
+        return len(got) >= want and at_end >= partitions
+
+    try:
+        partitions = set(consumer.list_topics(topic, timeout=30).topics[topic].partitions)
+        consumer.subscribe([topic])
+        wait_for(
+            f"{want} records and the end of every partition of {topic}",
+            read,
+            timeout,
+            seen=lambda: f"{len(got)} records; at the end of partitions {sorted(at_end)} of {sorted(partitions)}",
+        )
+        if commit:
+            consumer.commit(asynchronous=False)
+    finally:
+        consumer.close()
     return got
 
 
@@ -134,6 +151,8 @@ def test_second_consumer_resumes_from_committed_offsets(kfan: Kfan, topic: str) 
     assert sorted(int(v) for v in second) == list(range(600, 900)), "resumed exactly where the first committed"
     # And the committed offsets are visible through kfan's OffsetFetch.
     c = Consumer({"bootstrap.servers": kfan.bootstrap, "group.id": group})
-    committed = c.committed([TopicPartition(topic, p) for p in range(6)], timeout=10)
-    c.close()
+    try:
+        committed = c.committed([TopicPartition(topic, p) for p in range(6)], timeout=30)
+    finally:
+        c.close()
     assert sum(tp.offset for tp in committed) == 600

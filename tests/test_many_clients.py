@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import logging
 import resource
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -24,6 +23,7 @@ from proxy.bench.clients import many_clients
 from proxy.server import check_fd_capacity
 from tests.support.kfan import start_kfan
 from tests.support.metrics import http_get, metrics_port_in, parse_samples
+from tests.support.waiting import wait_for, wait_for_line
 
 BROKERS = 3
 PARTITIONS = 12
@@ -84,7 +84,11 @@ def test_many_clients_served_and_released() -> None:
             idle_clients, idle_brokers = kfan_connections(metrics_port)
             assert idle_clients == 0
 
-            result = many_clients(kfan.host, kfan.port, kfan.process.pid, "many", PARTITIONS, CLIENTS, progress.append)
+            # Generous deadlines (every connection served; kfan letting go once they closed): they bound a
+            # hang, on a machine however busy; what the clients were served is what is asserted.
+            result = many_clients(
+                kfan.host, kfan.port, kfan.process.pid, "many", PARTITIONS, CLIENTS, progress.append, timeout=300, settle_timeout=120
+            )
             report = "\n".join([*progress, *(f"{k} = {v}" for k, v in result.items())])
             assert result["served"] == CLIENTS and result["failed"] == 0, report
             assert result["client_connections_peak"] == CLIENTS, report
@@ -94,10 +98,12 @@ def test_many_clients_served_and_released() -> None:
             assert result["kfan_fds_peak"] > LOWERED, report  # the raised limit was needed
 
             # Every client left: kfan closes their broker links with them.
-            deadline = time.monotonic() + 30
-            while (now := kfan_connections(metrics_port)) != (0, idle_brokers) and time.monotonic() < deadline:
-                time.sleep(0.1)
-            assert now == (0, idle_brokers), f"kfan still holds (clients, broker connections) {now}, idle {idle_brokers}\n{report}"
+            wait_for(
+                f"kfan to hold no client connection and its {idle_brokers} idle broker connections again",
+                lambda: kfan_connections(metrics_port) == (0, idle_brokers),
+                60,
+                seen=lambda: f"(clients, broker connections) {kfan_connections(metrics_port)}\n{report}",
+            )
             assert result["client_connections_after"] == 0 and result["broker_connections_after"] <= result["broker_connections_idle"], (
                 report
             )
@@ -106,7 +112,10 @@ def test_many_clients_served_and_released() -> None:
             code = kfan.stop()
         assert code == 0, "".join(kfan.log[-50:])
     # Out of descriptors, trio's accept loop logs EMFILE at ERROR: nothing of the kind may have happened.
-    errors = [line for line in kfan.log if " ERROR " in line or "Too many open files" in line]
+    # kfan has exited, but the thread copying its output may still be behind: read once it has
+    # copied kfan's words on stopping, written after every client came and went.
+    wait_for_line(kfan.log, r"stopping: (every connection drained|\d+ connections still busy)")
+    errors = [line for line in list(kfan.log) if " ERROR " in line or "Too many open files" in line]
     assert not errors, "".join(errors)
 
 

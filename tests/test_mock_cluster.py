@@ -6,6 +6,7 @@ injected faults cannot leak into other tests.
 
 from __future__ import annotations
 
+import select
 import socket
 import struct
 import time
@@ -17,6 +18,7 @@ from confluent_kafka import Consumer, Producer
 from confluent_kafka.admin import AdminClient
 
 from backends.mock import COMPAT_CAPS, MockCluster, MockError
+from tests.support.waiting import wait_for
 
 QUIET = {"log_level": 0}
 
@@ -30,11 +32,16 @@ def mock() -> Iterator[MockCluster]:
 # -- raw protocol helpers: independent of librdkafka's client side ------------
 
 
+def _request(api_key: int, version: int, body: bytes = b"", correlation_id: int = 7) -> bytes:
+    """One request with header v1 (null client id), framed."""
+    request = struct.pack(">hhih", api_key, version, correlation_id, -1) + body
+    return struct.pack(">i", len(request)) + request
+
+
 def _roundtrip(address: tuple[str, int], api_key: int, version: int, body: bytes = b"", correlation_id: int = 7) -> bytes:
     """Send one request with header v1 (null client id); return the response after the correlation id."""
-    request = struct.pack(">hhih", api_key, version, correlation_id, -1) + body
-    with socket.create_connection(address, timeout=5) as s:
-        s.sendall(struct.pack(">i", len(request)) + request)
+    with socket.create_connection(address, timeout=30) as s:
+        s.sendall(_request(api_key, version, body, correlation_id))
         size = struct.unpack(">i", _recv_exact(s, 4))[0]
         response = _recv_exact(s, size)
     assert struct.unpack_from(">i", response)[0] == correlation_id
@@ -138,9 +145,14 @@ def test_set_rtt_delays_only_that_broker(mock: MockCluster) -> None:
     start = time.monotonic()
     _api_versions(mock.brokers[3])
     assert time.monotonic() - start >= 0.28
-    start = time.monotonic()
-    _api_versions(mock.brokers[1])
-    assert time.monotonic() - start < 0.25
+    # Only broker 3: with its answers held for a minute, broker 1 answers while broker 3 has
+    # not (an order, not a duration, so that a slow machine cannot make it fail).
+    mock.set_rtt(3, 60_000)
+    with socket.create_connection(mock.brokers[3], timeout=30) as held:
+        held.sendall(_request(18, 0))
+        assert _api_versions(mock.brokers[1])[0] == 0
+        readable, _, _ = select.select([held], [], [], 0)
+        assert not readable, "broker 3 answered (or closed) before its round-trip time was up"
 
 
 def test_push_request_errors_fail_the_next_requests_in_order(mock: MockCluster) -> None:
@@ -202,7 +214,7 @@ def test_produce_and_consume_100_messages(mock: MockCluster) -> None:
     failures: list[object] = []
     for key, value in sent.items():
         producer.produce(topic, value, key, on_delivery=lambda err, _msg: err and failures.append(err))
-    assert producer.flush(10) == 0
+    assert producer.flush(30) == 0
     assert failures == []
 
     consumer = Consumer(
@@ -211,21 +223,26 @@ def test_produce_and_consume_100_messages(mock: MockCluster) -> None:
             "group.id": f"g-{uuid.uuid4()}",
             "auto.offset.reset": "earliest",
             "enable.auto.commit": False,
+            # The mock holds a rejoin for session timeout - 1 s (see tests/support/round_trip.py).
+            "session.timeout.ms": 6000,
+            "heartbeat.interval.ms": 500,
             **QUIET,
         }
     )
     received: dict[bytes, bytes] = {}
     partitions: set[int] = set()
-    try:
-        consumer.subscribe([topic])
-        deadline = time.monotonic() + 20
-        while len(received) < len(sent) and time.monotonic() < deadline:
-            msg = consumer.poll(0.5)
-            if msg is None:
-                continue
+
+    def consume() -> bool:
+        msg = consumer.poll(0.5)
+        if msg is not None:
             assert msg.error() is None, msg.error()
             received[msg.key()] = msg.value()
             partitions.add(msg.partition())
+        return len(received) >= len(sent)
+
+    try:
+        consumer.subscribe([topic])
+        wait_for(f"the {len(sent)} messages", consume, 120, seen=lambda: f"{len(received)} messages")
     finally:
         consumer.close()
     assert received == sent

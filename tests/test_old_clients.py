@@ -25,14 +25,19 @@ from kafka.protocol.api_key import ApiKey
 from backends.mock import MockCluster
 from tests.support.kcat import Row
 from tests.support.kfan import Kfan
-from tests.support.round_trip import check_round_trip, committed_offsets, end_offsets, keyed_records
+from tests.support.round_trip import check_round_trip, committed_offsets, end_offsets, high_watermarks, keyed_records
+from tests.support.waiting import wait_for
 
 N = 1000
 PARTITIONS = 6
-DEADLINE_S = 20  # to consume every record; to get an assignment
+# Generous deadlines (to deliver, to consume every record, to get an assignment): a loaded machine
+# is slow, and each wait ends as soon as what it waits for is there.
+DEADLINE_S = 90
 # The mock coordinator holds a (re)join for session timeout - 1 s: a short session keeps the test short.
 MEMBER = {"session_timeout_ms": 3000, "heartbeat_interval_ms": 300}
-TIMEOUTS = {"request_timeout_ms": 5000, "bootstrap_timeout_ms": 10_000}
+# Not shorter than a loaded machine may take to answer: the producers are not idempotent, so a
+# request that times out and is sent again would store its records twice (or out of order).
+TIMEOUTS = {"request_timeout_ms": 30_000, "bootstrap_timeout_ms": 30_000}
 
 # Exact keys of kafka-python's BROKER_API_VERSIONS (a near miss is resolved with a warning),
 # with the versions such a client must send on the data path: that release's maxima.
@@ -91,13 +96,19 @@ def _consumer(bootstrap: str, pinned: tuple[int, ...], group: str) -> KafkaConsu
     )
 
 
-def _poll(consumer: KafkaConsumer, seconds: float, enough: int | None = None) -> list[Row]:
-    """Records polled for ``seconds``, or until ``enough`` came."""
+def _poll(consumer: KafkaConsumer, timeout_ms: int = 200) -> list[Row]:
+    """The records one poll brings."""
+    return [
+        (r.partition, r.offset, r.key, r.value) for batch in consumer.poll(timeout_ms=timeout_ms, max_records=500).values() for r in batch
+    ]
+
+
+def _poll_for(consumer: KafkaConsumer, seconds: float) -> list[Row]:
+    """Records polled for ``seconds`` (to see that nothing more comes)."""
     rows: list[Row] = []
     until = time.monotonic() + seconds
-    while time.monotonic() < until and (enough is None or len(rows) < enough):
-        for batch in consumer.poll(timeout_ms=200, max_records=500).values():
-            rows.extend((r.partition, r.offset, r.key, r.value) for r in batch)
+    while time.monotonic() < until:
+        rows += _poll(consumer)
     return rows
 
 
@@ -118,29 +129,41 @@ def test_a_pinned_old_client_produces_consumes_and_commits_through_kfan(
         enable_idempotence=False,
         acks=ACKS.get(release, 1),
         linger_ms=5,
-        delivery_timeout_ms=10_000,
-        max_block_ms=10_000,
+        delivery_timeout_ms=60_000,
+        max_block_ms=30_000,
         **TIMEOUTS,
     )
     try:
         futures = [producer.send(topic, key=k, value=v) for k, v in records]
-        deadline = time.monotonic() + 20  # each batch fails by itself after delivery_timeout_ms
+        deadline = time.monotonic() + DEADLINE_S  # each batch fails by itself after delivery_timeout_ms
         for f in futures:
             f.get(timeout=max(0.1, deadline - time.monotonic()))
-        producer.flush(timeout=10)
+        producer.flush(timeout=30)
         if ACKS.get(release, 1) == 0:
             # The mock answers acks=0 requests too; a link closed with such answers unread
             # is reset, which can drop requests the mock has not read yet (real brokers do
-            # not answer them). Give the last ones time to be read before the client leaves.
-            time.sleep(1)
+            # not answer them). The client leaves once the brokers hold every record.
+            wait_for(
+                f"the brokers to hold all {N} records sent with acks=0",
+                lambda: sum(high_watermarks(cluster.bootstrap, topic, PARTITIONS).values()) == N,
+                DEADLINE_S,
+                seen=lambda: high_watermarks(cluster.bootstrap, topic, PARTITIONS),
+                every=0.2,
+            )
     finally:
         producer.close(timeout=2)
 
     consumer = _consumer(kfan.bootstrap, pinned, group)
+    consumed: list[Row] = []
+
+    def consume() -> bool:
+        consumed.extend(_poll(consumer))
+        return len(consumed) >= N
+
     try:
         consumer.subscribe([topic])
-        consumed = _poll(consumer, DEADLINE_S, enough=N)
-        consumed += _poll(consumer, 1)  # and nothing more
+        wait_for(f"the {N} records", consume, DEADLINE_S, seen=lambda: f"{len(consumed)} records")
+        consumed += _poll_for(consumer, 1)  # and nothing more
         consumer.commit()
     finally:
         consumer.close()
@@ -154,11 +177,13 @@ def test_a_pinned_old_client_produces_consumes_and_commits_through_kfan(
         assert {tp.partition: o for tp, o in again.end_offsets(tps).items()} == ends, "end offsets (ListOffsets)"
         again.subscribe([topic])
         reread: list[Row] = []
-        deadline = time.monotonic() + DEADLINE_S
-        while again.assignment() != set(tps) and time.monotonic() < deadline:
-            reread += _poll(again, 0.2)
-        assert again.assignment() == set(tps), "the restarted member was not given the topic"
-        reread += _poll(again, 1)
+
+        def assigned() -> bool:
+            reread.extend(_poll(again))
+            return again.assignment() == set(tps)
+
+        wait_for("the restarted member to be given the topic", assigned, DEADLINE_S, seen=again.assignment)
+        reread += _poll_for(again, 1)
         assert reread == [], f"the restarted member read {len(reread)} committed records again"
         assert {tp.partition: again.position(tp) for tp in tps} == ends
     finally:

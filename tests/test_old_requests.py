@@ -21,6 +21,7 @@ from tests.support.kfan import Kfan
 from tests.support.rawclient import RawClient
 from tests.support.records import legacy_set
 from tests.support.tansu import Tansu
+from tests.support.waiting import wait_for
 
 PARTITIONS = [0, 1, 2]  # led by brokers 1, 2 and 3 (the `topic` fixture)
 
@@ -38,24 +39,30 @@ def _message_set(partition: int, version: int) -> bytes:
 def _fetch(client: RawClient, version: int, topic: str, partitions: list[int]) -> dict[int, tuple[int, int, bytes]]:
     """partition -> (error code, high watermark, records), by Fetches of ``version`` from offset 0.
 
-    Asked again (up to 20 times) while a partition whose high watermark says
-    it holds records comes back empty: kfan, like a broker, may answer before
-    every broker's data is in.
+    Asked again while a partition whose high watermark says it holds records comes back
+    empty: kfan, like a broker, may answer before every broker's data is in.
     """
     parts = [(p, 0, 1 << 20) for p in partitions]
     request: tuple[object, ...] = (-1, 100, 1, [(topic, parts)])
     if version == 3:
         request = (-1, 100, 1, 1 << 20, [(topic, parts)])
     out: dict[int, tuple[int, int, bytes]] = {}
-    for _ in range(20):
+
+    def every_partition_with_records_brought_them() -> bool:
         answer = client.call_old(apis.FETCH, version, request)
         responses = answer[0] if version == 0 else answer[1]
         for t in responses:
             for p in t[1]:
                 if p[0] not in out or not out[p[0]][2]:
                     out[p[0]] = (p[1], p[2], p[3])
-        if all(records or high_watermark == 0 for _, high_watermark, records in out.values()):
-            break
+        return all(records or high_watermark == 0 for _, high_watermark, records in out.values())
+
+    wait_for(
+        f"Fetch v{version} to bring the records of every partition that has some",
+        every_partition_with_records_brought_them,
+        60,
+        seen=lambda: {p: (error, high_watermark, len(records)) for p, (error, high_watermark, records) in out.items()},
+    )
     return out
 
 

@@ -23,6 +23,7 @@ from scramp import ScramClient
 from proxy.kafka import headers, schema
 from proxy.kafka.frames import frame
 from tests.support.secure_cluster import SecureCluster
+from tests.support.waiting import wait_for
 
 _names = iter(range(1, 1_000_000))
 
@@ -211,12 +212,12 @@ def test_mtls_requires_a_client_certificate(tmp_path_factory: pytest.TempPathFac
         topic = new_topic(sc, 3)
         conf = sc.librdkafka_config("SCRAM-SHA-512", "kfan")
         assert produce(conf, topic, [b"m1", b"m2"]) == []
-        assert "CN=kfan-mtls" in sc.stunnel_output()
+        wait_for("the client certificate in stunnel's log", lambda: "CN=kfan-mtls" in sc.stunnel_output(), seen=sc.stunnel_output)
 
         without = {k: v for k, v in conf.items() if k not in ("ssl.certificate.location", "ssl.key.location")}
         errors = wait_for_error(without)
         assert errors and errors[0].code() in (KafkaError._SSL, KafkaError._TRANSPORT, KafkaError._ALL_BROKERS_DOWN), errors
-        assert "peer did not return a certificate" in sc.stunnel_output()
+        wait_for("stunnel's refusal in its log", lambda: "peer did not return a certificate" in sc.stunnel_output(), seen=sc.stunnel_output)
 
 
 class Wire:

@@ -7,6 +7,7 @@ together. The client-library matrix is tests/test_security_clients.py.
 
 from __future__ import annotations
 
+import re
 import socket
 import ssl
 import subprocess
@@ -34,7 +35,11 @@ from tests.support.metrics import http_get, metrics_port_in, parse_samples
 from tests.support.round_trip import check_round_trip, confluent_kafka_round_trip, keyed_records
 from tests.support.secure_cluster import SecureCluster
 from tests.support.secure_kfan import KfanSecrets, broker_args, kfan_secrets
-from tests.support.waiting import wait_for
+from tests.support.waiting import wait_for, wait_for_line
+
+# A connection kfan closes on purpose is closed well within this; its own timeouts that would
+# close one anyway (the frame timeout, 30 s; the idle timeout, 600 s) are longer.
+CLOSED_WITHIN_S = 20.0
 
 
 def _topic(cluster: SecureCluster | MockCluster, partitions: int = 3) -> str:
@@ -47,6 +52,14 @@ def _counter(k: Kfan, family: str, **labels: str) -> float:
     _, text = http_get(f"http://127.0.0.1:{metrics_port_in(k.log)}/metrics")
     want = [f'{name}="{value}"' for name, value in labels.items()]
     return sum(v for lab, v in parse_samples(text).get(family, []) if all(w in lab for w in want))
+
+
+def _close_producer(flow: Flow) -> None:
+    """End a Flow's producer (Flow closes only its consumer). Left alone it lives on, in a reference cycle
+    when the Flow is a group member, and keeps reconnecting to this test's kfan port, which a later test's
+    server may have by then: that test would get this one's logins."""
+    flow.producer.purge()  # nothing to purge once finish() flushed it; after a failure, close() must not wait
+    flow.producer.close()
 
 
 def _stopped(k: Kfan) -> None:
@@ -82,6 +95,14 @@ def test_each_client_logs_in_to_the_brokers_as_itself(tmp_path_factory: pytest.T
                 records = keyed_records(100)
                 trip = confluent_kafka_round_trip(k.bootstrap, topic, f"g-{user}", records, security)
                 assert Counter((key, v) for _, _, key, v in trip.consumed) >= Counter(records), f"{user} lost records"
+
+            # The fronts write each login to their event files, read here as they grow.
+            def logged_in() -> bool:
+                logins = cluster.front_events("authenticated")
+                alice_at = {e["broker"] for e in logins if e["principal"] == "alice"}
+                return alice_at == set(cluster.brokers) and {"bob", "kfan"} <= {e["principal"] for e in logins}
+
+            wait_for("alice, bob and kfan's logins at the fronts", logged_in, 30, seen=lambda: cluster.front_events("authenticated"))
             logins = cluster.front_events("authenticated")
             by_principal = Counter(e["principal"] for e in logins)
             assert by_principal["alice"] >= 1 and by_principal["bob"] >= 1, by_principal
@@ -94,23 +115,44 @@ def test_each_client_logs_in_to_the_brokers_as_itself(tmp_path_factory: pytest.T
                             **ClientSecurity(mechanism="PLAIN", username="bob", password="wrong").librdkafka()})  # fmt: skip
             errors: list[KafkaError] = []
             bad.produce(topic, b"never", on_delivery=lambda e, m: errors.append(e))
-            bad.flush(10)
+            assert bad.flush(60) == 0, "the refused record's delivery report (message.timeout.ms 5000) never came"
             assert errors and errors[0] is not None, "a refused client's record must not be delivered"
-            assert any("authentication failed" in line and "User:bob" in line and "refused" in line for line in k.log), "".join(k.log[-20:])
-            assert any(e["event"] == "failed" and e["principal"] in ("bob", None) for e in cluster.front_events())
+            bad.close()  # else it keeps logging in as bob, with the wrong password, until the test ends
+            wait_for_line(k.log, r"authentication failed.*User:bob.*refused")
+            wait_for(
+                "the fronts' record of bob's refused login",
+                lambda: any(e["event"] == "failed" and e["principal"] in ("bob", None) for e in cluster.front_events()),
+                30,
+                seen=cluster.front_events,
+            )
 
             # alice, meanwhile, produces over a session kfan ends every 3 s: she re-authenticates, and so do her links.
-            before = len([e for e in cluster.front_events("reauthenticated") if e["principal"] == "alice"])
+            def alice_links_reauthenticated() -> int:
+                return len([e for e in cluster.front_events("reauthenticated") if e["principal"] == "alice"])
+
+            def client_reauthentications() -> float:
+                return _counter(k, "kfan_authentications_total", mechanism="PLAIN", result="reauthenticated")
+
+            links_before, clients_before = alice_links_reauthenticated(), client_reauthentications()
             flow = Flow(
                 _topic(cluster, 6), k, k, rate=100, security=ClientSecurity(mechanism="PLAIN", username="alice", password="alice-secret")
-            )
-            flow.start()
-            time.sleep(8)
-            flow.finish()
+            ).start()
+            try:
+                # Her producer and consumer each log in again about every 2.7 s while the flow runs.
+                wait_for("alice's clients to re-authenticate twice with kfan", lambda: client_reauthentications() >= clients_before + 2, 60)
+                wait_for(
+                    "alice's links to log in again at the fronts",
+                    lambda: alice_links_reauthenticated() > links_before,
+                    60,
+                    seen=lambda: cluster.front_events("reauthenticated"),
+                )
+            finally:
+                try:
+                    flow.finish()
+                finally:
+                    _close_producer(flow)
             assert flow.reports.failed == {}
-            assert _counter(k, "kfan_authentications_total", mechanism="PLAIN", result="reauthenticated") >= 1
-            after = len([e for e in cluster.front_events("reauthenticated") if e["principal"] == "alice"])
-            assert after > before, "alice's links logged in again when she re-authenticated"
+            assert flow.reports.ok, "alice's records were delivered across her re-authentications"
         finally:
             _stopped(k)
 
@@ -130,8 +172,11 @@ def test_sixty_seconds_of_short_sessions_lose_and_duplicate_nothing(tmp_path_fac
             cluster.mock.create_topic(topic := f"reauth-{uuid.uuid4().hex[:6]}", 6)
             security = ClientSecurity(mechanism="SCRAM-SHA-512", username="alice", password=secrets.passwords["alice"])
             flow = Flow(topic, k, k, rate=200, group=f"g-{uuid.uuid4().hex[:6]}", security=security).start()
-            time.sleep(60)
-            flow.finish(timeout=60)
+            try:
+                time.sleep(60)  # real time: sessions of 3 s ending, one after the other, for a minute
+                flow.finish(timeout=60)
+            finally:
+                _close_producer(flow)
             delivered = flow.reports.ok
             assert flow.reports.failed == {}, list(flow.reports.failed.values())[:3]
             assert len(delivered) == flow.sent > 10_000
@@ -174,17 +219,17 @@ def test_rotated_certificate_files_are_served_to_new_connections(cluster: MockCl
         topic = _topic(cluster)
         producer = Producer({"bootstrap.servers": k.bootstrap, **ClientSecurity(ca=first.ca).librdkafka()})
         producer.produce(topic, b"before")
-        assert producer.flush(10) == 0
+        assert producer.flush(60) == 0
         # A Secret's rotation: both files replaced (as the kubelet swaps its ..data link).
         for src, dst in ((second.key, key), (second.cert, cert)):
             tmp = dst.with_suffix(".new")
             tmp.write_bytes(src.read_bytes())
             tmp.replace(dst)
-        wait_for("new connections to get the new certificate", lambda: serial[_served_certificate(k.address, first.ca)] == "second", 5)
+        wait_for("new connections to get the new certificate", lambda: serial[_served_certificate(k.address, first.ca)] == "second", 30)
         failures: list[Any] = []
         producer.produce(topic, b"after", on_delivery=lambda e, m: e and failures.append(e))
-        assert producer.flush(10) == 0 and failures == [], "a connection opened before the rotation keeps working"
-        assert any("certificate files changed" in line for line in k.log)
+        assert producer.flush(60) == 0 and failures == [], "a connection opened before the rotation keeps working"
+        wait_for_line(k.log, "TLS: certificate files changed")
     finally:
         _stopped(k)
 
@@ -193,30 +238,33 @@ def test_the_wrong_protocol_on_a_port_is_closed_at_once_with_a_log_line(cluster:
     tls_kfan = start_kfan(cluster.bootstrap, *secrets.tls_args())
     plain_kfan = start_kfan(cluster.bootstrap)
     try:
+        # "At once": kfan tells the wrong protocol by its first bytes. Its only other way to close such a
+        # connection is its 30 s handshake (frame) timeout, which the clients' 20 s timeouts below never
+        # reach: a close they see, and a log line naming the bytes rather than a timeout, prove it.
+        # How long it took is printed, never judged (a loaded machine is slow).
         api_versions = bytes.fromhex("0000000f0012000000000001000568656c6c6f")  # ApiVersions v0, client "hello"
         started = time.monotonic()
-        with socket.create_connection(tls_kfan.address, timeout=5) as s:
+        with socket.create_connection(tls_kfan.address, timeout=20) as s:
             s.sendall(api_versions)
             assert s.recv(100) == b"", "a plaintext client on the TLS port is closed, not answered"
-        assert time.monotonic() - started < 1.0
-        wait_for(
-            "the TLS listener's log line",
-            lambda: any("TLS handshake failed" in line and "plaintext client" in line for line in tls_kfan.log),
-            5,
-        )
+        print(f"the plaintext client was closed after {time.monotonic() - started:.3f} s")
+        line = wait_for_line(tls_kfan.log, r"TLS handshake failed, closing: .*plaintext client").string
+        assert "TooSlow" not in line, f"closed by the handshake timeout, not at once: {line}"
 
         started = time.monotonic()
         ctx = ssl.create_default_context(cafile=str(secrets.server.ca))
-        with socket.create_connection(plain_kfan.address, timeout=5) as raw, pytest.raises((ssl.SSLError, ConnectionError, OSError)):
+        with (
+            socket.create_connection(plain_kfan.address, timeout=20) as raw,
+            pytest.raises((ssl.SSLError, ConnectionError, OSError)) as refused,
+        ):
             ctx.wrap_socket(raw, server_hostname="localhost")
-        assert time.monotonic() - started < 1.0
-        wait_for(
-            "the plaintext listener's log line", lambda: any("TLS handshake on a plaintext listener" in line for line in plain_kfan.log), 5
-        )
+        assert not isinstance(refused.value, TimeoutError), f"the TLS client was not closed but timed out: {refused.value!r}"
+        print(f"the TLS client was closed after {time.monotonic() - started:.3f} s")
+        wait_for_line(plain_kfan.log, "a TLS handshake on a plaintext listener, closing")
         # Both still serve.
-        assert AdminClient({"bootstrap.servers": plain_kfan.bootstrap}).list_topics(timeout=10).brokers
+        assert AdminClient({"bootstrap.servers": plain_kfan.bootstrap}).list_topics(timeout=30).brokers
         admin = AdminClient({"bootstrap.servers": tls_kfan.bootstrap, **ClientSecurity(ca=secrets.server.ca).librdkafka()})
-        assert admin.list_topics(timeout=10).brokers
+        assert admin.list_topics(timeout=30).brokers
     finally:
         _stopped(tls_kfan)
         _stopped(plain_kfan)
@@ -241,7 +289,7 @@ def test_kfan_logs_in_to_a_kfan_that_authenticates_clients(cluster: MockCluster,
             records = keyed_records(300)
             trip = confluent_kafka_round_trip(outer.bootstrap, topic, f"g-{uuid.uuid4().hex[:6]}", records)
             check_round_trip(trip.consumed, records, 3)
-            assert any("authenticated as User:alice (SCRAM-SHA-256)" in line for line in inner.log)
+            wait_for_line(inner.log, re.escape("authenticated as User:alice (SCRAM-SHA-256)"))
         finally:
             _stopped(outer)
     finally:
@@ -260,17 +308,17 @@ def test_a_refused_broker_login_shows_in_readyz_and_metrics_and_heals_when_the_f
         k = start_kfan(cluster.bootstrap, "--metrics-listen", "127.0.0.1:0", *args, wait=False)
         proc = k.process
         try:
-            port = metrics_port_in(k.log)
-            wait_for("a refused login", lambda: _counter(k, "kfan_broker_authentications_total", result="failed") >= 1, 20)
+            port = metrics_port_in(k.log, 60)
+            wait_for("a refused login", lambda: _counter(k, "kfan_broker_authentications_total", result="failed") >= 1, 60)
             wait_for(
-                "/readyz to say why", lambda: "SCRAM-SHA-512 authentication failed" in http_get(f"http://127.0.0.1:{port}/readyz")[1], 10
+                "/readyz to say why", lambda: "SCRAM-SHA-512 authentication failed" in http_get(f"http://127.0.0.1:{port}/readyz")[1], 30
             )
             assert http_get(f"http://127.0.0.1:{port}/readyz")[0] == 503
-            assert any("SASL SCRAM-SHA-512 authentication failed" in line for line in k.log)
+            wait_for_line(k.log, "SASL SCRAM-SHA-512 authentication failed")
             assert proc.poll() is None
             # The password file is read at each login: a fixed file heals kfan without a restart.
             password_file.write_text(cluster.users["kfan"] + "\n")
-            wait_for("kfan to become ready", lambda: http_get(f"http://127.0.0.1:{port}/readyz")[0] == 200, 30)
+            wait_for("kfan to become ready", lambda: http_get(f"http://127.0.0.1:{port}/readyz")[0] == 200, 60)
         finally:
             _stopped(k)  # SIGTERM ends even a kfan still looking for a broker it can log in to
 
@@ -370,16 +418,16 @@ def test_sasl_handshake_v0_logins_take_bare_tokens(cluster: MockCluster, secrets
         with RawClient(k.address) as rc:
             assert rc.call(SaslHandshakeRequest(mechanism="PLAIN")).error_code == 0
             rc.send_bytes(frame([b"\0alice\0wrong"]))
-            assert rc.closed_by_peer(), "a failed bare-token login is closed, nothing answered"
+            assert rc.closed_by_peer(CLOSED_WITHIN_S), "a failed bare-token login is closed, nothing answered"
         with RawClient(k.address) as rc:
             answer = rc.call(SaslHandshakeRequest(mechanism="GSSAPI"))
             assert answer.error_code == 33, "UNSUPPORTED_SASL_MECHANISM"
             assert sorted(answer.mechanisms) == ["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"], "with the enabled ones"
-            assert rc.closed_by_peer()
+            assert rc.closed_by_peer(CLOSED_WITHIN_S)
         with RawClient(k.address) as rc:
             rc.send(MetadataRequest(topics=None))
-            assert rc.closed_by_peer(), "nothing but ApiVersions and SASL before a login"
-        wait_for("the refusal's log line", lambda: any("before authentication" in line for line in k.log), 5)
+            assert rc.closed_by_peer(CLOSED_WITHIN_S), "nothing but ApiVersions and SASL before a login"
+        wait_for_line(k.log, "api_key 3 before authentication")
     finally:
         _stopped(k)
 
@@ -396,14 +444,14 @@ def test_broker_certificates_are_checked_against_the_advertised_host_or_the_name
         wrong = start_kfan(cluster.bootstrap, "--metrics-listen", "127.0.0.1:0", "--broker-tls-server-name", "kafka.elsewhere.example",
                            *broker_args(cluster), wait=False)  # fmt: skip
         try:
-            port = metrics_port_in(wrong.log)
-            wait_for("the refused certificate in the log", lambda: any("CERTIFICATE_VERIFY_FAILED" in line for line in wrong.log), 20)
-            wait_for("/readyz to say why", lambda: "CERTIFICATE_VERIFY_FAILED" in http_get(f"http://127.0.0.1:{port}/readyz")[1], 10)
+            port = metrics_port_in(wrong.log, 60)
+            wait_for_line(wrong.log, "CERTIFICATE_VERIFY_FAILED", 60)
+            wait_for("/readyz to say why", lambda: "CERTIFICATE_VERIFY_FAILED" in http_get(f"http://127.0.0.1:{port}/readyz")[1], 30)
             assert http_get(f"http://127.0.0.1:{port}/readyz")[0] == 503
         finally:
             _stopped(wrong)
         named = start_kfan(cluster.bootstrap, "--broker-tls-server-name", "localhost", *broker_args(cluster))
         try:
-            assert AdminClient({"bootstrap.servers": named.bootstrap}).list_topics(timeout=10).brokers
+            assert AdminClient({"bootstrap.servers": named.bootstrap}).list_topics(timeout=30).brokers
         finally:
             _stopped(named)

@@ -41,7 +41,7 @@ class ClientSecurity:
             if self.mechanism == "OAUTHBEARER":
                 token = self.token
                 assert token is not None
-                conf["oauth_cb"] = lambda _config: (token(), time.time() + 300)
+                conf["oauth_cb"] = lambda _config: _with_expiry(token())
             else:
                 conf["sasl.username"] = self.username
                 conf["sasl.password"] = self.password
@@ -107,6 +107,15 @@ class ClientSecurity:
         if self.mechanism == "OAUTHBEARER":
             return {"sasl_mechanism": self.mechanism, "sasl_oauth_token_provider": token_provider}
         return {"sasl_mechanism": self.mechanism, "sasl_plain_username": self.username, "sasl_plain_password": self.password}
+
+
+def _with_expiry(token: str) -> tuple[str, float]:
+    """A token and when it expires, as librdkafka's oauth_cb returns them: its own exp claim (librdkafka
+    fetches a new token ahead of that), never a guessed lifetime that a short-lived token would not have."""
+    import jwt
+
+    exp = jwt.decode(token, options={"verify_signature": False}).get("exp")
+    return token, float(exp) if exp is not None else time.time() + 300
 
 
 PLAINTEXT = ClientSecurity()

@@ -46,8 +46,11 @@ class RawClient:
     def send_bytes(self, data: bytes) -> None:
         self.sock.sendall(data)
 
-    def receive(self, timeout: float = 10.0) -> bytes | None:
-        """The next response payload, or None when the peer closed the connection."""
+    def receive(self, timeout: float = 30.0) -> bytes | None:
+        """The next response payload, or None when the peer closed the connection.
+
+        ``timeout`` bounds a wait for an answer that should come (generous: a loaded machine is slow);
+        a test that expects none passes its own, short, window."""
         deadline = time.monotonic() + timeout
         while True:
             if len(self._buf) >= 4:

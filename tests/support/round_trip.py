@@ -101,6 +101,15 @@ def committed_offsets(bootstrap: str, group: str, topic: str, partitions: int) -
     return {tp.partition: tp.offset for tp in tps}
 
 
+def high_watermarks(bootstrap: str, topic: str, partitions: int) -> dict[int, int]:
+    """partition -> high watermark, asked with ListOffsets through ``bootstrap`` (the brokers, or kfan)."""
+    reader = Consumer({"bootstrap.servers": bootstrap, "group.id": "kfan-tests-watermarks", "enable.auto.commit": False})
+    try:
+        return {p: reader.get_watermark_offsets(TopicPartition(topic, p), timeout=15, cached=False)[1] for p in range(partitions)}
+    finally:
+        reader.close()
+
+
 @dataclass
 class Trip:
     """What a client saw in one round trip."""

@@ -190,7 +190,9 @@ class SecureCluster:
         """Every front's events (JSON lines, plus "broker": id), in time order; ``event``: only that kind."""
         out: list[dict[str, Any]] = []
         for broker, path in self.event_files.items():
-            for line in path.read_text().splitlines():
+            text = path.read_text()
+            # A front may be writing its last line as we read: only whole lines are events.
+            for line in text[: text.rfind("\n") + 1].splitlines():
                 if line.strip():
                     record = json.loads(line)
                     if event is None or record["event"] == event:
