@@ -46,7 +46,7 @@ from tests.support.flows import Flow, Reports, check_in_order
 from tests.support.kfan import Kfan, start_kfan
 from tests.support.rawclient import RawClient
 from tests.support.records import record_batch
-from tests.support.waiting import wait_for
+from tests.support.waiting import wait_for, wait_for_line
 
 PARTITIONS = 6
 LEADERS = [1, 2, 3, 1, 2, 3]
@@ -83,7 +83,7 @@ def cluster3() -> Iterator[MockCluster]:
 @pytest.fixture(scope="module")
 def bad(cluster3: MockCluster) -> Iterator[BadBroker]:
     """Broker 2, behind the stand-in: the cluster advertises the stand-in's port for it."""
-    with BadBroker(cluster3.brokers[BAD], seed=2, lifetime=900) as stand_in:
+    with BadBroker(cluster3.brokers[BAD], seed=2, lifetime=3600) as stand_in:  # stopped at the end; the lifetime is a safety net
         cluster3.set_broker_address(BAD, "127.0.0.1", stand_in.port)
         try:
             yield stand_in
@@ -112,7 +112,7 @@ class _Kfans:
     def settle(self, since: int) -> None:
         """After a test: a kfan that logged a traceback is on its way out (or unwell): the next test gets a new one."""
         k = self.current
-        if k is not None and "Traceback" in "".join(k.log[since:]):
+        if k is not None and "Traceback" in "".join(k.log[since : _end_of_log(k)]):
             try:
                 k.process.wait(5)
             except subprocess.TimeoutExpired:
@@ -127,12 +127,37 @@ def kfans(cluster3: MockCluster, bad: BadBroker) -> Iterator[_Kfans]:
     holder.stop()
 
 
+def mark(k: Kfan) -> int:
+    """Where kfan's log stands now: the index just past a line kfan logs on handling a connection of ours,
+    made now (a request of a version nobody serves, under a correlation id of our own, that kfan closes on).
+
+    kfan handles one event after another: what it logged for what happened before this connection is
+    before that line; a test's slice of the log starts past one mark and ends at another.
+    """
+    cid = uuid.uuid4().int & 0x7FFFFFFF
+    with RawClient(k.address) as client:
+        client.send_bytes(struct.pack(">ihhi", 10, apis.METADATA, 999, cid) + b"\xff\xff")
+        client.closed_by_peer()
+    line = wait_for_line(k.log, rf"closing on request api_key={apis.METADATA} v999 correlation_id={cid}:").string
+    return k.log.index(line) + 1
+
+
+def _end_of_log(k: Kfan) -> int:
+    """:func:`mark` while kfan serves; else all it wrote (it is gone or going)."""
+    if k.alive():
+        try:
+            return mark(k)
+        except (OSError, AssertionError):
+            pass
+    return len(k.log)
+
+
 @dataclass
 class Env:
     cluster: MockCluster
     bad: BadBroker
     kfan: Kfan
-    since: int  # kfan's log lines before the test
+    since: int  # kfan's log lines before the test: up to a mark made when it began
     extra: list[BadBroker] = field(default_factory=list)
 
     def __repr__(self) -> str:
@@ -144,7 +169,9 @@ class Env:
     def check(self) -> None:
         """kfan is still running, logged no traceback during the test, and the stand-ins worked."""
         assert self.kfan.alive(), f"kfan exited (code {self.kfan.process.poll()}):\n{self.log()[-6000:]}"
-        assert "Traceback" not in self.log(), f"kfan logged a traceback:\n{self.log()[-6000:]}"
+        # Up to a mark made now: whatever kfan logged for what the test did is there.
+        during = "".join(self.kfan.log[self.since : mark(self.kfan)])
+        assert "Traceback" not in during, f"kfan logged a traceback:\n{during[-6000:]}"
         for stand_in in (self.bad, *self.extra):
             assert stand_in.errors == [], f"the stand-in itself failed: {stand_in.errors}"
 
@@ -154,7 +181,8 @@ def env(cluster3: MockCluster, bad: BadBroker, kfans: _Kfans) -> Iterator[Env]:
     bad.passthrough()
     k = kfans.get()
     bad.reset_counts()
-    e = Env(cluster3, bad, k, len(k.log))
+    # The test's part of the log starts past a mark: the lines of earlier tests' connections are before it.
+    e = Env(cluster3, bad, k, mark(k))
     try:
         yield e
     finally:
@@ -327,19 +355,22 @@ def fetch(client: RawClient, topic: str, offsets: Mapping[int, int] | None = Non
 
 def read_log(client: RawClient, topic: str, partitions: list[int] = ALL, timeout: float = 15.0) -> dict[int, list[tuple[int, bytes]]]:
     """Each partition's (offset, value) pairs, read up to its high watermark (through kfan, or straight from a broker)."""
-    offsets = dict.fromkeys(partitions, 0)
+    offsets = dict.fromkeys(partitions, 0)  # partition -> next offset, until read up to its high watermark
     log: dict[int, list[tuple[int, bytes]]] = {p: [] for p in partitions}
-    deadline = time.monotonic() + timeout
-    while offsets:
-        assert time.monotonic() < deadline, f"reading back stalled at {offsets}"
-        for p, part in fetch(client, topic, offsets).items():
-            assert part.code == 0, f"partition {p}: error {part.code} reading back"
-            for offset, value in part.records:
-                if offset >= offsets[p]:
-                    log[p].append((offset, value))
-                    offsets[p] = offset + 1
-            if offsets[p] >= part.high_watermark:
-                del offsets[p]
+
+    def read_to_the_end() -> bool:
+        if offsets:
+            for p, part in fetch(client, topic, offsets).items():
+                assert part.code == 0, f"partition {p}: error {part.code} reading back"
+                for offset, value in part.records:
+                    if offset >= offsets[p]:
+                        log[p].append((offset, value))
+                        offsets[p] = offset + 1
+                if offsets[p] >= part.high_watermark:
+                    del offsets[p]
+        return not offsets
+
+    wait_for("every partition read back to its high watermark", read_to_the_end, timeout, seen=lambda: f"stalled at {offsets}")
     return log
 
 
@@ -372,7 +403,9 @@ def test_produce_through_a_bad_answer(env: Env, mode: str) -> None:
         assert produce(client, topic, ALL, "before", acked) == dict.fromkeys(ALL, 0)
         env.bad.set_mode(mode, api_keys={apis.PRODUCE})
         codes = produce(client, topic, ALL, "during", acked)
-        assert env.bad.injected(mode, apis.PRODUCE) >= 1, "the stand-in spoiled no Produce answer"
+        # Counted before the spoiled answer leaves the stand-in's thread; waited for all the same, in case
+        # kfan gave up on broker 2 (a timeout: a retriable error too) before its answer even came.
+        wait_for("the stand-in to spoil a Produce answer", lambda: env.bad.injected(mode, apis.PRODUCE) >= 1)
         assert {p: codes[p] for p in HEALTHY} == dict.fromkeys(HEALTHY, 0), f"healthy brokers' partitions failed: {codes}"
         if mode == "unknown_tags":
             assert {p: codes[p] for p in ON_BAD} == dict.fromkeys(ON_BAD, 0), f"a legal answer turned into errors: {codes}"
@@ -417,7 +450,7 @@ def test_fetch_through_a_bad_answer(env: Env, mode: str) -> None:
         finally:
             for b in HEALTHY_BROKERS:
                 env.cluster.set_rtt(b, 0)
-        assert env.bad.injected(mode, apis.FETCH) >= 1, "the stand-in spoiled no Fetch answer"
+        wait_for("the stand-in to spoil a Fetch answer", lambda: env.bad.injected(mode, apis.FETCH) >= 1)
         assert {p: (got[p].code, got[p].values) for p in HEALTHY} == {p: (0, expected[p]) for p in HEALTHY}, f"healthy partitions: {got}"
         for p in ON_BAD:
             if mode == "unknown_tags":
@@ -511,15 +544,23 @@ def test_real_clients_ride_out_a_broker_that_misbehaves_at_random(env: Env) -> N
             timeout=20,
         )
         started = time.monotonic() - sent / CHAOS_RATE
+
+        def produce_while(mode: str, until: float) -> bool:
+            """Records at CHAOS_RATE a second; True once ``until`` has passed and ``mode`` has been injected."""
+            nonlocal sent
+            due = int((time.monotonic() - started) * CHAOS_RATE)
+            while sent < due:
+                producer.produce(topic, value=str(sent).encode(), partition=sent % PARTITIONS, on_delivery=reports)
+                sent += 1
+            producer.poll(0.01)
+            return not k.alive() or (time.monotonic() >= until and env.bad.injected(mode) >= 1)
+
         for seed, (mode, probability) in enumerate(timeline):
             env.bad.set_mode(mode, api_keys={apis.PRODUCE, apis.FETCH}, probability=probability, seed=seed)
+            # Each kind for a second at least, and until it was injected at least once (a loaded machine
+            # sends fewer answers a second, and each is spoiled by chance).
             until = time.monotonic() + 1.0
-            while time.monotonic() < until and k.alive():
-                due = int((time.monotonic() - started) * CHAOS_RATE)
-                while sent < due:
-                    producer.produce(topic, value=str(sent).encode(), partition=sent % PARTITIONS, on_delivery=reports)
-                    sent += 1
-                producer.poll(0.01)
+            wait_for(f"{mode} to be injected", lambda mode=mode, until=until: produce_while(mode, until), timeout=60, every=0)
         env.bad.passthrough()
         wait_for(
             "every record to be delivered after the broker behaved again",
@@ -548,6 +589,7 @@ def test_real_clients_ride_out_a_broker_that_misbehaves_at_random(env: Env) -> N
         stop.set()
         reader.join(30)
         dispose(producer)
+    assert not reader.is_alive(), "the consumer did not stop"  # what it consumed no longer changes
     print(f"injected: { {m: env.bad.injected(m) for m, _ in timeline} }; client errors: {producer_errors[:5]} {consumer_errors[:5]}")
     env.check()
     assert not failures, failures
@@ -653,7 +695,7 @@ def plane(cluster3: MockCluster, bad: BadBroker, kfans: _Kfans) -> Iterator[Env]
             stand_in.stop()
 
 
-GOOD_METADATA_SEEN_TIMEOUT = 10.0
+GOOD_METADATA_SEEN_TIMEOUT = 30.0  # kfan refreshes every second: a generous deadline
 
 
 @pytest.mark.parametrize("mode", ["undecodable_metadata", "metadata_no_brokers"])
@@ -667,12 +709,21 @@ def test_refresh_through_bad_metadata_keeps_the_last_good_topology(plane: Env, m
     for s in stand_ins:
         s.reset_counts()
         s.set_mode(mode, client_ids={KFAN_CLIENT_ID})
+
+    def spoiled() -> int:
+        return sum(s.injected(mode, apis.METADATA) for s in stand_ins)
+
     wait_for(
-        "kfan to refresh its topology through a bad broker",
-        lambda: sum(s.injected(mode, apis.METADATA) for s in stand_ins) >= 1 or not k.alive(),
-        timeout=GOOD_METADATA_SEEN_TIMEOUT,
+        "kfan to refresh its topology through a bad broker", lambda: spoiled() >= 1 or not k.alive(), timeout=GOOD_METADATA_SEEN_TIMEOUT
     )
-    time.sleep(2.5)  # two more refresh periods, all through bad brokers
+    # Two more refreshes at least, all through bad brokers: each asks every broker (all behind stand-ins) first.
+    first = spoiled()
+    wait_for(
+        "two more refreshes through bad brokers",
+        lambda: spoiled() >= first + 2 * len(stand_ins) or not k.alive(),
+        timeout=GOOD_METADATA_SEEN_TIMEOUT,
+        seen=lambda: f"{spoiled()} Metadata answers spoiled",
+    )
     assert k.alive(), f"kfan exited on a bad Metadata answer to its own refresh:\n{env.log()[-6000:]}"
     # Still serving with the last good topology: a new connection (new links) reaches every leader.
     with KfanClient(k) as client:

@@ -50,6 +50,7 @@ from proxy.kafka.headers import parse_request_header, response_header
 from proxy.kafka.wire import Malformed
 from tests.support.messages import answer_bytes, request_bytes
 from tests.support.records import record_batch
+from tests.support.waiting import wait_for_async
 
 IDENTITY = Identity(node_id=42, host="kfan.example", port=19092)
 ALL_VERSIONS = {k: (r.start, r.stop - 1) for k in ROUTES if (r := schema.known_versions(k))}
@@ -208,10 +209,10 @@ def test_describe_groups_of_16000_groups_is_planned_by_broker_in_linear_time() -
     plan_both_passes(1600)  # warm the codec caches
     small, large = calls(1600), calls(16000)
     seconds = min(cpu_seconds(16000) for _ in range(3))
+    # The CPU time is reported, not judged: a loaded machine stretches it; the count of calls is what load cannot skew.
     print(f"DescribeGroups planning (both passes): {small} calls for 1,600 groups, {large} for 16,000; {seconds * 1000:.0f} ms CPU")
     # Ten times the groups: ten times the work (the per-key split was quadratic: a hundred).
     assert large / small < 11
-    assert seconds < 0.5
 
 
 def test_a_frame_of_a_million_empty_topics_is_refused_before_it_balloons() -> None:
@@ -380,14 +381,12 @@ async def test_control_plane_keeps_its_topology_through_bad_metadata_answers() -
         for mode in ("garbage", "no_brokers", "silent"):
             broker.metadata_mode = mode
             refreshes = cluster.refreshes
-            await cluster.refresh(timeout=5)
+            await cluster.refresh(timeout=30)  # returns once a refresh attempt has ended (or, silently, at the timeout)
             assert cluster.refreshes == refreshes, f"{mode}: not a refresh"
             assert cluster.topology == good, f"{mode}: the last good topology is kept"
         broker.metadata_mode = "good"
-        # After failures the control plane retries by itself, with backoff, not after the full interval.
-        with trio.fail_after(10):
-            while cluster.refreshes == refreshes:
-                await trio.sleep(0.05)
+        # After failures the control plane retries by itself, with backoff, not after the full interval (60 s).
+        await wait_for_async("the control plane to refresh again by itself", lambda: cluster.refreshes > refreshes, timeout=30)
         nursery.cancel_scope.cancel()
 
 
@@ -398,7 +397,8 @@ async def test_bootstrap_waits_out_a_metadata_answer_that_names_no_broker() -> N
         await nursery.start(broker.serve)
         cluster = Cluster([("127.0.0.1", broker.port)], request_timeout=1.0)
         nursery.start_soon(cluster.run)
-        await trio.sleep(1.0)
+        # A second Metadata request: the answer to the first was read, and refused, before it.
+        await wait_for_async("the bootstrap to ask for Metadata again", lambda: broker.requests.count(apis.METADATA) >= 2)
         assert not cluster.ready.is_set(), "no broker to route to: not ready"
         assert cluster.any_broker() is None
         broker.metadata_mode = "good"
@@ -412,16 +412,19 @@ async def test_control_plane_falls_back_to_the_bootstrap_list_when_no_known_brok
     broker = ScriptedBroker()
     async with _nursery() as nursery:
         cluster = await _started(nursery, broker, refresh_interval=60)
-        # The cluster now advertises its broker where nothing listens: every known broker fails.
-        dead = trio.socket.socket()
-        await dead.bind(("127.0.0.1", 0))
-        broker.advertise_port = dead.getsockname()[1]
-        dead.close()
-        await cluster.refresh(timeout=5)
-        assert cluster.topology.brokers[1].port == broker.advertise_port
-        refreshes = cluster.refreshes
-        await cluster.refresh(timeout=10)
-        assert cluster.refreshes > refreshes, "refreshed through the bootstrap address"
+        # The cluster now advertises its broker where nothing listens: every known broker fails. The port
+        # stays bound (never listening) for the whole test, so connections to it are refused and nothing
+        # else can take it meanwhile.
+        with trio.socket.socket() as dead:
+            await dead.bind(("127.0.0.1", 0))
+            broker.advertise_port = dead.getsockname()[1]
+            await cluster.refresh(timeout=30)
+            await wait_for_async(
+                "the topology to name the dead port", lambda: cluster.topology.brokers[1].port == broker.advertise_port, timeout=30
+            )
+            refreshes = cluster.refreshes
+            await cluster.refresh(timeout=30)
+            await wait_for_async("a refresh through the bootstrap address", lambda: cluster.refreshes > refreshes, timeout=30)
         nursery.cancel_scope.cancel()
 
 

@@ -59,6 +59,12 @@ def fetched_bytes(k: Kfan) -> dict[tuple[int, str], float]:
     return out
 
 
+def fetches_asked(k: Kfan) -> float:
+    """Fetch requests kfan has read from its clients (kfan_client_requests_total, api_key 1)."""
+    _, text = http_get(f"http://127.0.0.1:{metrics_port_in(k.log)}/metrics")
+    return sum(value for labels, value in parse_samples(text).get("kfan_client_requests_total", []) if labels_of(labels)["api_key"] == "1")
+
+
 def by_broker(counts: dict[tuple[int, str], float]) -> dict[int, float]:
     out: dict[int, float] = defaultdict(float)
     for (broker, _), n in counts.items():
@@ -135,18 +141,22 @@ def test_a_lagging_follower_never_shows_more_than_the_leader_and_everything_come
         consumer.assign(partitions)
         rows: list[tuple[int, int, bytes | None, bytes]] = []
 
-        def consume_for(seconds: float, until: int | None = None) -> None:
-            deadline = time.monotonic() + seconds
-            while time.monotonic() < deadline and (until is None or len(rows) < until):
-                for m in consumer.consume(500, timeout=0.2):
-                    assert m.error() is None, m.error()
-                    rows.append((m.partition(), m.offset(), m.key(), m.value()))
-                for p in range(PARTITIONS):
-                    _, high = consumer.get_watermark_offsets(TopicPartition(topic, p), cached=True)
-                    assert high <= leader_end[p], f"partition {p}: high watermark {high} beyond the leader's {leader_end[p]}"
+        def consume() -> int:
+            """What one consume call brings (the watermarks the consumer knows checked): the count of records so far."""
+            for m in consumer.consume(500, timeout=0.2):
+                assert m.error() is None, m.error()
+                rows.append((m.partition(), m.offset(), m.key(), m.value()))
+            for p in range(PARTITIONS):
+                _, high = consumer.get_watermark_offsets(TopicPartition(topic, p), cached=True)
+                assert high <= leader_end[p], f"partition {p}: high watermark {high} beyond the leader's {leader_end[p]}"
+            return len(rows)
 
         try:
-            consume_for(6)
+            follower_has = sum(caught_up_to.values())
+            wait_for("the records the follower has to be consumed", lambda: consume() >= follower_has, timeout=60)
+            # Then the consumer asks again and again (each Fetch answered at its max wait) and gets nothing more.
+            asked = fetches_asked(k)
+            wait_for("the consumer to ask for more, five more times", lambda: consume() >= 0 and fetches_asked(k) >= asked + 5, timeout=60)
             lagging = defaultdict(list)
             for p, o, _, _ in rows:
                 lagging[p].append(o)
@@ -155,7 +165,7 @@ def test_a_lagging_follower_never_shows_more_than_the_leader_and_everything_come
             # The follower catches up: the rest arrives, from where the consumer stopped.
             for p in range(PARTITIONS):
                 cluster.set_follower_wmarks(topic, p, -1, -1)
-            consume_for(60, until=2400)
+            wait_for("every record to be consumed once the follower caught up", lambda: consume() >= 2400, timeout=60)
         finally:
             consumer.close()
         assert sorted(int(v) for _, _, _, v in rows) == list(range(2400)), "records lost or read twice"

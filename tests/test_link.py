@@ -6,6 +6,11 @@ a write to block part way); the fake broker on the other end reads the
 link's frames and answers with whatever correlation ids the test chooses.
 The pure correlation-id table (:mod:`backends.correlations`) is tested alone
 at the end.
+
+Every trio test runs on trio's ``MockClock`` with autojump: the deadlines that
+stop a test which hangs (:func:`running`, :func:`answer_of`, :func:`failure_of`)
+are virtual, so they expire only once every task is blocked for good, never
+because a loaded machine was slow.
 """
 
 from __future__ import annotations
@@ -77,7 +82,7 @@ def memory_link(gate: trio.Event | None = None) -> tuple[Link, FakeBroker]:
 
 @asynccontextmanager
 async def running(link: Link) -> AsyncIterator[None]:
-    """The link's task, for the ``with`` block and until the link ends (failing the test after 2 s)."""
+    """The link's task, for the ``with`` block and until the link ends (failing the test after 2 s of virtual time)."""
     with trio.fail_after(2):
         async with trio.open_nursery() as nursery:
             nursery.start_soon(link.run)
@@ -102,7 +107,7 @@ async def failure_of(p: Pending) -> LinkError:
 # --- the link ---------------------------------------------------------------------------
 
 
-async def test_answers_are_matched_by_correlation_id_when_the_broker_answers_out_of_order() -> None:
+async def test_answers_are_matched_by_correlation_id_when_the_broker_answers_out_of_order(autojump_clock: trio.testing.MockClock) -> None:
     link, broker = memory_link()
     a, b, c = (link.submit(request(t)) for t in "abc")
     async with running(link):
@@ -121,7 +126,7 @@ async def test_answers_are_matched_by_correlation_id_when_the_broker_answers_out
     assert isinstance(link.failed, LinkError), "a closed link stays failed"
 
 
-async def test_requests_are_queued_before_connecting_and_written_in_submission_order() -> None:
+async def test_requests_are_queued_before_connecting_and_written_in_submission_order(autojump_clock: trio.testing.MockClock) -> None:
     connected = trio.Event()
     link, broker = memory_link(gate=connected)
     async with running(link):
@@ -140,7 +145,7 @@ async def test_requests_are_queued_before_connecting_and_written_in_submission_o
         link.close()
 
 
-async def test_an_acks0_request_gets_no_waiter_and_a_later_answer_retires_it() -> None:
+async def test_an_acks0_request_gets_no_waiter_and_a_later_answer_retires_it(autojump_clock: trio.testing.MockClock) -> None:
     link, broker = memory_link()
     fire_and_forget = link.submit(request("acks0", expect_response=False))
     asked = link.submit(request("asked"))
@@ -158,7 +163,7 @@ async def test_an_acks0_request_gets_no_waiter_and_a_later_answer_retires_it() -
     assert not answered(fire_and_forget)
 
 
-async def test_an_unexpected_answer_to_an_acks0_request_is_skipped() -> None:
+async def test_an_unexpected_answer_to_an_acks0_request_is_skipped(autojump_clock: trio.testing.MockClock) -> None:
     # librdkafka's mock cluster answers acks=0 Produce requests; real brokers never do.
     link, broker = memory_link()
     fire_and_forget = link.submit(request("acks0", expect_response=False))
@@ -178,7 +183,9 @@ async def test_an_unexpected_answer_to_an_acks0_request_is_skipped() -> None:
         link.close()
 
 
-async def test_a_broker_closing_mid_answer_fails_everything_waiting_and_the_link_stays_failed() -> None:
+async def test_a_broker_closing_mid_answer_fails_everything_waiting_and_the_link_stays_failed(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
     link, broker = memory_link()
     a, b, c = (link.submit(request(t)) for t in "abc")
     async with running(link):
@@ -197,7 +204,7 @@ async def test_a_broker_closing_mid_answer_fails_everything_waiting_and_the_link
     assert not later.written
 
 
-async def test_an_unknown_correlation_id_fails_the_link() -> None:
+async def test_an_unknown_correlation_id_fails_the_link(autojump_clock: trio.testing.MockClock) -> None:
     link, broker = memory_link()
     a = link.submit(request("a"))
     async with running(link):
@@ -208,7 +215,7 @@ async def test_an_unknown_correlation_id_fails_the_link() -> None:
     assert link.failed is error
 
 
-async def test_written_tells_a_request_whose_bytes_started_out_from_one_that_never_left() -> None:
+async def test_written_tells_a_request_whose_bytes_started_out_from_one_that_never_left(autojump_clock: trio.testing.MockClock) -> None:
     # A lockstep stream: the link's write of `a` blocks until the broker reads
     # all of it, so `b` is still queued when the broker goes.
     client, server = trio.testing.lockstep_stream_pair()
@@ -225,7 +232,7 @@ async def test_written_tells_a_request_whose_bytes_started_out_from_one_that_nev
     await failure_of(b)
 
 
-async def test_a_connect_that_fails_fails_the_queued_requests() -> None:
+async def test_a_connect_that_fails_fails_the_queued_requests(autojump_clock: trio.testing.MockClock) -> None:
     async def refused() -> trio.abc.Stream:
         raise ConnectionRefusedError(111, "Connection refused")
 
@@ -253,7 +260,7 @@ async def test_a_connect_that_hangs_fails_after_the_connect_timeout(autojump_clo
     assert not p.written
 
 
-async def test_closing_the_link_fails_what_waits_on_it() -> None:
+async def test_closing_the_link_fails_what_waits_on_it(autojump_clock: trio.testing.MockClock) -> None:
     link, broker = memory_link()
     a = link.submit(request("a"))
     async with running(link):
@@ -263,7 +270,7 @@ async def test_closing_the_link_fails_what_waits_on_it() -> None:
     assert a.written
 
 
-async def test_keep_requests_keeps_the_frame_as_sent() -> None:
+async def test_keep_requests_keeps_the_frame_as_sent(autojump_clock: trio.testing.MockClock) -> None:
     client, server = trio.testing.memory_stream_pair()
     link = Link(7, "broker.test", 9092, connect=connect_to(client), keep_requests=True)
     p = link.submit(request("a"))

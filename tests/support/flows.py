@@ -19,6 +19,7 @@ from tests.support.round_trip import SESSION_MS
 from tests.support.waiting import wait_for
 
 PARTITIONS = 6  # a Flow's topic has six
+FLUSH_S = 60  # how long the producer may take to deliver what it holds once told to stop
 
 
 Row = tuple[int, int, bytes | None, bytes]  # partition, offset, key, value
@@ -156,7 +157,7 @@ class Flow:
                 )
                 self.sent += 1
             self.producer.poll(0.01)
-        assert self.producer.flush(60) == 0, "records still undelivered"
+        assert self.producer.flush(FLUSH_S) == 0, "records still undelivered"
 
     def _consume(self) -> None:
         while not self.stop_consuming.is_set():
@@ -185,10 +186,15 @@ class Flow:
         return [int(v) for p, _, _, v in list(self.consumed) if p == partition]
 
     def finish(self, timeout: float = 60) -> None:
-        """Stop producing, wait until everything delivered is consumed, stop consuming."""
+        """Stop producing, wait until everything delivered is consumed, stop consuming.
+
+        Both threads have ended when it returns: what the test reads of the flow no longer changes.
+        """
         self.stop_producing.set()
-        self.threads[0].join(timeout)
+        producer, consumer = self.threads
+        producer.join(FLUSH_S + 10)  # its flush ends by then, delivered or not
         try:
+            assert not producer.is_alive(), f"the producer did not stop within {FLUSH_S + 10} s"
             wait_for(
                 "the consumer to catch up with every delivered record",
                 lambda: bool(self.failures) or len(self.consumed) >= len(self.reports.ok),
@@ -196,6 +202,7 @@ class Flow:
             )
         finally:
             self.stop_consuming.set()
-            self.threads[1].join(timeout)
+            consumer.join(timeout)
+        assert not consumer.is_alive(), f"the consumer did not stop within {timeout:g} s"
         if self.failures:
             raise self.failures[0]
