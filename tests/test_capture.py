@@ -10,7 +10,6 @@ stores no payload, and that a killed kfan leaves readable files.
 from __future__ import annotations
 
 import datetime
-import os
 import signal
 import time
 import uuid
@@ -31,6 +30,7 @@ from spark.checks import DEFAULT_CORE, check_exchange
 from tests.support.kfan import start_kfan
 from tests.support.kio_oracle import kio_decode
 from tests.support.rawclient import RawClient
+from tests.support.sockets import ESTABLISHED, tcp_sockets
 from tests.support.waiting import Timeout, wait_for
 
 PAYLOAD = b"secret-payload-"
@@ -74,16 +74,7 @@ def _asks(frame_without_cid: bytes) -> set[tuple[object, int, int]]:
 
 def links_to(pid: int, port: int) -> int:
     """The established TCP connections of process ``pid`` to port ``port`` of 127.0.0.1."""
-    inodes = set()
-    for fd in Path(f"/proc/{pid}/fd").iterdir():
-        try:
-            target = os.readlink(fd)
-        except OSError:
-            continue  # closed meanwhile
-        if target.startswith("socket:["):
-            inodes.add(target[8:-1])
-    rows = [line.split() for line in Path("/proc/net/tcp").read_text().splitlines()[1:]]
-    return sum(1 for r in rows if r[9] in inodes and r[3] == "01" and int(r[2].split(":")[1], 16) == port)
+    return sum(1 for s in tcp_sockets(pid) if s.state == ESTABLISHED and s.remote_port == port)
 
 
 def _run(cluster: MockCluster, topic: str, directory: Path, *extra: str) -> list[CaptureRow]:

@@ -29,6 +29,7 @@ from kio.schema.metadata.v12.request import MetadataRequest
 
 from tests.support.processes import follow_output
 from tests.support.rawclient import RawClient
+from tests.support.sockets import LISTEN, tcp_sockets
 from tests.support.waiting import wait_for
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -247,21 +248,7 @@ def gone(pid: int, started: str) -> bool:
 
 def listening_ports(pid: int) -> set[int]:
     """The TCP ports the sockets of process ``pid`` listen on."""
-    inodes: set[str] = set()
-    for fd in Path(f"/proc/{pid}/fd").iterdir():
-        try:
-            target = os.readlink(fd)
-        except OSError:
-            continue  # closed meanwhile
-        if target.startswith("socket:["):
-            inodes.add(target[8:-1])
-    ports: set[int] = set()
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        for line in Path(table).read_text().splitlines()[1:]:
-            cols = line.split()
-            if cols[3] == "0A" and cols[9] in inodes:  # 0A: LISTEN
-                ports.add(int(cols[1].rsplit(":", 1)[1], 16))
-    return ports
+    return {s.local_port for s in tcp_sockets(pid) if s.state == LISTEN}
 
 
 def http_status(url: str) -> int:

@@ -27,6 +27,7 @@ from tests.support import ROOT
 from tests.support.kfan import SERVING, start_kfan
 from tests.support.metrics import http_get, metrics_port_in, parse_samples
 from tests.support.processes import follow_output
+from tests.support.sockets import ESTABLISHED, tcp_sockets
 from tests.support.tansu import Tansu
 from tests.support.waiting import wait_for, wait_for_line
 
@@ -181,24 +182,7 @@ def test_readme_configuration_table_lists_every_option() -> None:
 
 def _owners_of_established(port: int, pids: list[int]) -> dict[int, int]:
     """pid -> number of established TCP sockets it holds with local port ``port``."""
-    inodes: dict[str, int] = {}
-    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
-        fields = line.split()
-        local, state, inode = fields[1], fields[3], fields[9]
-        if state == "01" and int(local.split(":")[1], 16) == port:
-            inodes[inode] = 1
-    out: dict[int, int] = {}
-    for pid in pids:
-        n = 0
-        for fd in Path(f"/proc/{pid}/fd").iterdir():
-            try:
-                target = os.readlink(fd)
-            except OSError:
-                continue
-            if target.startswith("socket:[") and target[8:-1] in inodes:
-                n += 1
-        out[pid] = n
-    return out
+    return {pid: sum(1 for s in tcp_sockets(pid) if s.state == ESTABLISHED and s.local_port == port) for pid in pids}
 
 
 def test_two_workers_share_the_port_and_both_serve(cluster: MockCluster, topic: str) -> None:

@@ -29,6 +29,7 @@ from tests.fuzz.mutate import mutate, valid_requests
 from tests.support import mock_process
 from tests.support.badbroker import BadBroker
 from tests.support.kfan import Kfan, start_kfan
+from tests.support.sockets import ESTABLISHED, tcp_sockets
 from tests.support.waiting import wait_for, wait_for_line
 
 RECORDS = 20_000
@@ -43,37 +44,12 @@ def descriptors(k: Kfan) -> int:
 
 def sockets_of(k: Kfan) -> list[str]:
     """kfan's TCP sockets as "local -> remote state", for a failure message."""
-    inodes = set()
-    for fd in os.listdir(f"/proc/{k.process.pid}/fd"):
-        try:
-            target = os.readlink(f"/proc/{k.process.pid}/fd/{fd}")
-        except OSError:
-            continue
-        if target.startswith("socket:["):
-            inodes.add(target[8:-1])
-    out = []
-    for line in open("/proc/net/tcp").read().splitlines()[1:]:
-        f = line.split()
-        if f[9] in inodes:
-            out.append(f"{int(f[1].split(':')[1], 16)} -> {int(f[2].split(':')[1], 16)} state {f[3]}")
-    return out
+    return [str(s) for s in tcp_sockets(k.process.pid)]
 
 
 def client_connections(k: Kfan) -> int:
     """kfan's established TCP connections on its listening port: its clients'."""
-    inodes = set()
-    for fd in os.listdir(f"/proc/{k.process.pid}/fd"):
-        try:
-            target = os.readlink(f"/proc/{k.process.pid}/fd/{fd}")
-        except OSError:
-            continue
-        if target.startswith("socket:["):
-            inodes.add(target[8:-1])
-    return sum(
-        1
-        for line in open("/proc/net/tcp").read().splitlines()[1:]
-        if (f := line.split())[9] in inodes and f[3] == "01" and int(f[1].split(":")[1], 16) == k.port
-    )
+    return sum(1 for s in tcp_sockets(k.process.pid) if s.state == ESTABLISHED and s.local_port == k.port)
 
 
 def rss(k: Kfan) -> int:
