@@ -9,11 +9,7 @@ from confluent_kafka.admin import AdminClient
 from kio.schema.metadata.v12.request import MetadataRequest
 
 from tests.support.kfan import Kfan
-from tests.support.rawclient import RawClient
-
-# How long a malformed connection may take to be closed: generous for a loaded machine, yet shorter
-# than kfan's --frame-timeout (30 s by default), which would close a connection left waiting anyway.
-CLOSED_WITHIN_S = 20.0
+from tests.support.rawclient import CLOSED_WITHIN_S, RawClient
 
 GOOD = MetadataRequest(topics=(), allow_auto_topic_creation=False, include_topic_authorized_operations=False)  # type: ignore[arg-type]
 

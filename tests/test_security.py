@@ -37,10 +37,6 @@ from tests.support.secure_cluster import SecureCluster
 from tests.support.secure_kfan import KfanSecrets, broker_args, kfan_secrets
 from tests.support.waiting import wait_for, wait_for_line
 
-# A connection kfan closes on purpose is closed well within this; its own timeouts that would
-# close one anyway (the frame timeout, 30 s; the idle timeout, 600 s) are longer.
-CLOSED_WITHIN_S = 20.0
-
 
 def _topic(cluster: SecureCluster | MockCluster, partitions: int = 3) -> str:
     name = f"sec-{uuid.uuid4().hex[:8]}"
@@ -405,7 +401,7 @@ def test_sasl_handshake_v0_logins_take_bare_tokens(cluster: MockCluster, secrets
     from kio.schema.sasl_handshake.v0 import SaslHandshakeRequest
 
     from proxy.kafka.frames import frame
-    from tests.support.rawclient import RawClient
+    from tests.support.rawclient import CLOSED_WITHIN_S, RawClient
 
     k = start_kfan(cluster.bootstrap, *secrets.sasl_args())
     try:

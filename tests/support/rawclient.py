@@ -18,6 +18,10 @@ from proxy.kafka.headers import encode_request_header, response_body_offset
 from tests.support import old_protocol
 from tests.support.kio_oracle import kio_decode, request_payload
 
+# How long a connection kfan closes on purpose may take to be closed: generous for a loaded machine,
+# yet shorter than kfan's own timeouts that would close it anyway (--frame-timeout 30 s, --idle-timeout 600 s).
+CLOSED_WITHIN_S = 20.0
+
 
 class RawClient:
     def __init__(self, address: tuple[str, int], timeout: float = 10.0) -> None:
