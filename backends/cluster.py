@@ -35,8 +35,9 @@ from proxy.core import (
 from proxy.core.read_replicas import ReadReplicas
 from proxy.core.topology import Topology
 
+from . import backoff
 from .control import ControlLinks, control_version
-from .coordinators import ANSWER_FAILURES, Coordinators
+from .coordinators import ANSWER_FAILURES, CoordinatorCache, Coordinators
 from .transport import BrokerSecurity
 
 log = logging.getLogger("kfan.cluster")
@@ -126,7 +127,9 @@ class Cluster:
         self.api_versions: dict[int, tuple[int, int]] = {}
         # APIs kfan answers itself on every connection, whatever the brokers serve (SASL, when clients log in to kfan).
         self.local_versions: dict[int, tuple[int, int]] = {}
-        self.coordinators = Coordinators(self)  # the coordinator of each group or transaction
+        # The coordinator of each group or transaction, as kfan's own identity finds it; connections
+        # that carry their client's identity have views of their own on the same bounded cache.
+        self.coordinators = Coordinators(CoordinatorCache(), self, lambda: self.topology.brokers, request_timeout=request_timeout)
         self.ready = trio.Event()
         self.refreshes = 0
         self.refreshed_at: float | None = None
@@ -219,7 +222,11 @@ class Cluster:
             # After a failure, try again sooner, backing off up to the usual interval.
             wait = self.refresh_interval if ok else min(retry, self.refresh_interval)
             retry = 0.5 if ok else min(retry * 2, 30.0)
-            await trio.sleep(0.05)  # coalesce bursts of refresh requests
+            # Coalesce bursts of refresh requests; after a failure, hear none for up to 1 s (Kafka's
+            # clients' retry.backoff.max.ms): in an outage every client request asks for one.
+            pause = 0.05 if ok else min(wait, 1.0)
+            await trio.sleep(pause)
+            wait = max(0.0, wait - pause)
 
     async def _refresh_once(self) -> bool:
         """One topology refresh from the first broker that answers; False when none did."""
@@ -237,7 +244,8 @@ class Cluster:
             except ANSWER_FAILURES as e:
                 if node is not None:
                     self.brokers.set_reachable(node, False)
-                log.info("metadata from %s at %s:%s failed: %s", key, host, port, e)
+                if (left_out := backoff.failure_log().note(("metadata", host, port))) is not None:  # one line per 10 s
+                    log.info("metadata from %s at %s:%s failed: %s%s", key, host, port, e, backoff.left_out(left_out))
                 continue
             if not metadata["brokers"]:
                 # An answer naming no broker cannot be routed by: keep what we know.
@@ -245,7 +253,8 @@ class Cluster:
                 continue
             if node is not None:
                 self.brokers.set_reachable(node, True)
-            self.topology = Topology(topic_ids=self.topology.topic_ids).with_metadata(metadata)
+            # Ids learned from clients' answers stay (older control-plane versions carry none), those of deleted topics go.
+            self.topology = Topology(topic_ids=self.topology.topic_ids).with_metadata(metadata).known_ids_only()
             self.refreshes += 1
             self.refreshed_at = trio.current_time()
             metrics.REFRESHES.labels("ok").inc()
@@ -253,7 +262,8 @@ class Cluster:
             self.brokers.probe_all(self.topology)
             return True
         metrics.REFRESHES.labels("failed").inc()
-        log.warning("topology refresh failed: no broker answered")
+        if (left_out := backoff.failure_log().note("refresh")) is not None:
+            log.warning("topology refresh failed: no broker answered%s", backoff.left_out(left_out))
         return False
 
     async def _age_loop(self) -> None:
@@ -291,26 +301,36 @@ class Cluster:
 
     # --- what connections ask -------------------------------------------------
 
-    def apply(self, effects: Iterable[Effect]) -> None:
-        """Do what a merge asked of the cluster (the connection's own effects are ignored)."""
+    def apply(self, effects: Iterable[Effect], coordinators: Coordinators | None = None) -> None:
+        """Do what a merge asked of the cluster (the connection's own effects are ignored).
+
+        ``coordinators``: the connection's view of the coordinator cache (its own
+        with ``--broker-identity client``); None: kfan's own.
+        """
+        coordinators = self.coordinators if coordinators is None else coordinators
         for effect in effects:
             if isinstance(effect, FoldMetadata):
-                self.fold_metadata(effect.metadata)
+                self.fold_metadata(effect.metadata, described_only=effect.described_only)
             elif isinstance(effect, LearnCoordinators):
-                self.coordinators.learn(effect.coordinators)
+                coordinators.learn(effect.coordinators)
             elif isinstance(effect, ForgetCoordinators):
                 for c in effect.coordinators:
-                    self.coordinators.forget(c)
+                    coordinators.forget(c)
             elif isinstance(effect, RefreshTopology):
                 self.request_refresh()
             elif isinstance(effect, LearnReadReplicas):
+                evictions = self.read_replicas.evictions
                 self.read_replicas.learn(effect.replicas, trio.current_time())
+                metrics.CACHE_EVICTIONS.labels("read_replicas").inc(self.read_replicas.evictions - evictions)
+                metrics.CACHE_BYTES.labels("read_replicas").set(self.read_replicas.bytes)
             elif isinstance(effect, ForgetReadReplicas):
                 self.read_replicas.forget(effect.keys)
+                metrics.CACHE_BYTES.labels("read_replicas").set(self.read_replicas.bytes)
 
-    def fold_metadata(self, metadata: Mapping[str, Any]) -> None:
+    def fold_metadata(self, metadata: Mapping[str, Any], *, described_only: bool = False) -> None:
+        """``described_only``: a client's answer (see :class:`~proxy.core.FoldMetadata`): its errors change nothing."""
         if metadata["brokers"]:  # an answer naming no broker would leave nothing to route to
-            self.topology = self.topology.with_metadata(metadata)
+            self.topology = self.topology.with_metadata(metadata, described_only=described_only)
 
     def any_broker(self, exclude: int | None = None) -> int | None:
         """A broker believed reachable (any known one when none is), other than ``exclude``; None when there is none."""

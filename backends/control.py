@@ -14,6 +14,7 @@ import trio
 from proxy.core.topology import Topology
 from proxy.kafka import apis, schema
 
+from . import backoff
 from .link import Link, LinkError, own_request
 from .reads import read_api_versions, read_metadata
 from .transport import BrokerSecurity
@@ -52,6 +53,14 @@ class ControlLinks:
         if link is None or link.failed is not None or link.address != (host, port):
             assert self.nursery is not None
             broker = key if isinstance(key, int) else -1
+            # The backoff client connections' links share (:mod:`.backoff`): probes and refreshes add no attempts to an outage.
+            reconnects = backoff.reconnects()
+            attempt = reconnects.attempt((host, port))
+            if attempt is None:
+                backoff.backed_off(broker)
+                wait = reconnects.retry_in((host, port))
+                when = f"in {wait:.2f} s" if wait else "when the attempt under way ends"
+                raise LinkError(f"broker {key} at {host}:{port} failed recently; reconnecting {when}")
             link = Link(
                 broker,
                 host,
@@ -62,6 +71,7 @@ class ControlLinks:
             )
             self._links[key] = link
             self.nursery.start_soon(link.run)
+            self.nursery.start_soon(backoff.settle, attempt, link)
         return link
 
     async def call(

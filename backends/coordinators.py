@@ -1,21 +1,34 @@
 """The coordinator of each group and transaction: a bounded cache, and the
 FindCoordinator lookups that fill it (one at a time, or in bulk).
 
-Clients choose group and transactional ids, so the cache is bounded (the
-least recently used entry goes) and entries expire; a coordinator that moved
+Clients choose group and transactional ids, so the cache is process-wide but
+bounded by entries and by bytes (the least recently used entry goes), a key
+longer than :data:`~proxy.core.plan.MAX_CACHED_KEY_CHARS` is looked up each
+time it is used and never kept, and entries expire; a coordinator that moved
 or failed is forgotten, and looked up again on next use.
+
+What a connection sees of the cache is a :class:`Coordinators` view: kfan's
+own (``scope`` None: looked up with kfan's identity over its control links,
+shared by every connection), or, with ``--broker-identity client``, one
+connection's own (looked up over that connection's links, with the client's
+identity, and seen by no other connection). So no client's lookup is made
+with kfan's identity, and nothing one principal's lookups learn answers for
+another.
 """
 
 from __future__ import annotations
 
 import logging
+import sys
 from collections import OrderedDict
-from collections.abc import Iterable, Mapping
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Hashable, Iterable, Mapping
+from typing import Any, Protocol
 
 import trio
 
+from proxy import metrics
 from proxy.core import Coordinator
+from proxy.core.plan import cacheable
 from proxy.kafka import apis, errors
 from proxy.kafka.headers import decode_response
 from proxy.kafka.wire import Malformed
@@ -24,16 +37,19 @@ from .link import LinkError
 
 log = logging.getLogger("kfan.cluster")
 
-if TYPE_CHECKING:
-    from .cluster import Cluster
-
 # What a control-plane request can end in, short of an answer kfan can use.
 ANSWER_FAILURES = (LinkError, trio.TooSlowError, OSError, Malformed)
 
 # Keys per batched FindCoordinator request.
 _FIND_BATCH = 1000
 MAX_COORDINATORS = 10_000
+MAX_COORDINATOR_BYTES = 16 * 1024 * 1024  # the keys' memory plus a per-entry overhead, over every scope
 COORDINATOR_TTL = 300.0
+# An entry's memory beside its key's: the dict slot, the scope and coordinator key, the value tuple (measured, rounded up).
+_ENTRY_OVERHEAD = 200
+
+# None: kfan's own identity (shared); anything else: one client connection's own entries.
+Scope = Hashable | None
 
 
 def read_coordinators(payload: bytes | memoryview, version: int) -> dict[str, tuple[int, int]]:
@@ -59,38 +75,127 @@ class CoordinatorError(Exception):
         self.code = code
 
 
-class Coordinators:
-    def __init__(self, cluster: Cluster) -> None:
-        self._cluster = cluster
-        self._entries: OrderedDict[Coordinator, tuple[int, float]] = OrderedDict()  # -> (node id, learned at)
+def entry_bytes(c: Coordinator) -> int:
+    """What one cached coordinator costs in memory, as the byte bound counts it."""
+    return sys.getsizeof(c.key) + _ENTRY_OVERHEAD
+
+
+class CoordinatorCache:
+    """(scope, coordinator) -> (node id, learned at): least recently used first, bounded by entries and bytes."""
+
+    def __init__(self, max_entries: int | None = None, max_bytes: int | None = None) -> None:
+        """Bounds other than :data:`MAX_COORDINATORS` and :data:`MAX_COORDINATOR_BYTES` (read at each use) are for tests."""
+        self._entries: OrderedDict[tuple[Scope, Coordinator], tuple[int, float]] = OrderedDict()
+        self._max_entries = max_entries
+        self._max_bytes = max_bytes
+        self.bytes = 0
+        self.evictions = 0
 
     def __len__(self) -> int:
         return len(self._entries)
 
+    @property
+    def max_entries(self) -> int:
+        return MAX_COORDINATORS if self._max_entries is None else self._max_entries
+
+    @property
+    def max_bytes(self) -> int:
+        return MAX_COORDINATOR_BYTES if self._max_bytes is None else self._max_bytes
+
+    def get(self, scope: Scope, c: Coordinator) -> tuple[int, float] | None:
+        entry = self._entries.get((scope, c))
+        if entry is not None:
+            self._entries.move_to_end((scope, c))
+        return entry
+
+    def put(self, scope: Scope, c: Coordinator, node: int, now: float) -> None:
+        if not cacheable(c):
+            return  # a key this long is looked up each time it is used, never kept
+        key = (scope, c)
+        if key not in self._entries:
+            self.bytes += entry_bytes(c)
+        self._entries[key] = (node, now)
+        self._entries.move_to_end(key)
+        while len(self._entries) > self.max_entries or self.bytes > self.max_bytes:
+            (_, oldest), _ = self._entries.popitem(last=False)
+            self.bytes -= entry_bytes(oldest)
+            self.evictions += 1
+            metrics.CACHE_EVICTIONS.labels("coordinators").inc()
+        self._measure()
+
+    def entries(self) -> list[tuple[Scope, Coordinator]]:
+        return list(self._entries)
+
+    def pop(self, scope: Scope, c: Coordinator) -> None:
+        if self._entries.pop((scope, c), None) is not None:
+            self.bytes -= entry_bytes(c)
+            self._measure()
+
+    def _measure(self) -> None:
+        metrics.CACHE_BYTES.labels("coordinators").set(self.bytes)
+
+
+class Asker(Protocol):
+    """Who asks FindCoordinator, and over which links: the control plane (:class:`~.cluster.Cluster`), or a client
+    connection's :class:`~.links.LinkPool` (``--broker-identity client``)."""
+
+    def any_broker(self) -> int | None: ...
+
+    def version_for(self, broker: int, api_key: int) -> int: ...
+
+    async def call(self, broker: int, api_key: int, version: int, body: Mapping[str, Any]) -> bytes: ...
+
+
+class Coordinators:
+    """One scope's view of the coordinator cache, and the lookups that fill it.
+
+    ``brokers()``: the node ids of the current topology (an entry naming another is stale);
+    ``asker``: who looks coordinators up; ``request_timeout``: the bound of a bulk lookup.
+    """
+
+    def __init__(
+        self,
+        cache: CoordinatorCache,
+        asker: Asker,
+        brokers: Callable[[], Mapping[int, object]],
+        *,
+        request_timeout: float,
+        scope: Scope = None,
+    ) -> None:
+        self.cache = cache
+        self.scope = scope
+        self._asker = asker
+        self._brokers = brokers
+        self._request_timeout = request_timeout
+
+    def __len__(self) -> int:
+        """Entries in the process-wide cache, every scope's."""
+        return len(self.cache)
+
     def __contains__(self, c: object) -> bool:
-        return c in self._entries
+        return isinstance(c, Coordinator) and self.cache.get(self.scope, c) is not None
+
+    def scoped(self, asker: Asker, scope: Hashable) -> Coordinators:
+        """A view of the same cache with entries of its own, looked up by ``asker``."""
+        return Coordinators(self.cache, asker, self._brokers, request_timeout=self._request_timeout, scope=scope)
 
     def learn(self, coordinators: Mapping[Coordinator, int]) -> None:
         now = trio.current_time()
         for c, node in coordinators.items():
-            self._entries[c] = (node, now)
-            self._entries.move_to_end(c)
-        while len(self._entries) > MAX_COORDINATORS:
-            self._entries.popitem(last=False)
+            self.cache.put(self.scope, c, node, now)
 
     def forget(self, coordinator: Coordinator) -> None:
-        self._entries.pop(coordinator, None)
+        self.cache.pop(self.scope, coordinator)
 
     def known(self, c: Coordinator) -> int | None:
         """The cached coordinator of a group or transactional id, if fresh and among the brokers."""
-        entry = self._entries.get(c)
+        entry = self.cache.get(self.scope, c)
         if entry is None:
             return None
         node, learned_at = entry
-        if node not in self._cluster.topology.brokers or trio.current_time() - learned_at > COORDINATOR_TTL:
-            del self._entries[c]
+        if node not in self._brokers() or trio.current_time() - learned_at > COORDINATOR_TTL:
+            self.cache.pop(self.scope, c)
             return None
-        self._entries.move_to_end(c)
         return node
 
     async def coordinator(self, c: Coordinator) -> int:
@@ -103,9 +208,9 @@ class Coordinators:
             try:
                 code, node = await self._find_coordinator(c)
             except ANSWER_FAILURES as e:
-                log.info("FindCoordinator for %s failed: %s", c, e)
+                log.info("FindCoordinator for %s failed: %s", _shown(c), e)
                 code, node = errors.COORDINATOR_NOT_AVAILABLE, -1
-            if code == errors.NONE and node in self._cluster.topology.brokers:
+            if code == errors.NONE and node in self._brokers():
                 self.learn({c: node})
                 return node
             if code not in (errors.COORDINATOR_NOT_AVAILABLE, errors.COORDINATOR_LOAD_IN_PROGRESS, errors.NONE):
@@ -118,50 +223,55 @@ class Coordinators:
 
         With FindCoordinator v4+ the keys go in batches; older brokers are asked
         one key at a time, each once. What is not found in time stays unknown.
+        Keys too long to be kept are left out: each is looked up when its
+        sub-request is sent (the plan sends them to their own coordinator).
         """
         by_type: dict[int, list[str]] = {}
         for c in keys:
-            if self.known(c) is None:
+            if cacheable(c) and self.known(c) is None:
                 by_type.setdefault(c.key_type, []).append(c.key)
-        with trio.move_on_after(self._cluster.request_timeout):
+        with trio.move_on_after(self._request_timeout):
             for key_type, names in by_type.items():
-                broker = self._cluster.any_broker()
+                broker = self._asker.any_broker()
                 if broker is None:
                     return
-                version = self._cluster.version_for(broker, apis.FIND_COORDINATOR)
+                version = self._asker.version_for(broker, apis.FIND_COORDINATOR)
                 if version < 4:
                     for name in names:
                         try:
                             code, node = await self._find_coordinator(Coordinator(key_type, name))
                         except ANSWER_FAILURES as e:
-                            log.info("FindCoordinator for %r failed: %s", name, e)
+                            log.info("FindCoordinator for %s failed: %s", _shown(Coordinator(key_type, name)), e)
                             continue
-                        if code == errors.NONE and node in self._cluster.topology.brokers:
+                        if code == errors.NONE and node in self._brokers():
                             self.learn({Coordinator(key_type, name): node})
                     continue
                 for start in range(0, len(names), _FIND_BATCH):
                     body = {"key_type": key_type, "coordinator_keys": names[start : start + _FIND_BATCH]}
                     try:
-                        found = read_coordinators(await self._cluster.call(broker, apis.FIND_COORDINATOR, version, body), version)
+                        found = read_coordinators(await self._asker.call(broker, apis.FIND_COORDINATOR, version, body), version)
                     except ANSWER_FAILURES as e:
                         log.info("FindCoordinator for %d keys failed: %s", len(body["coordinator_keys"]), e)
                         continue
+                    brokers = self._brokers()
                     self.learn(
-                        {
-                            Coordinator(key_type, key): node
-                            for key, (code, node) in found.items()
-                            if code == errors.NONE and node in self._cluster.topology.brokers
-                        }
+                        {Coordinator(key_type, key): node for key, (code, node) in found.items() if code == errors.NONE and node in brokers}
                     )
 
     async def _find_coordinator(self, c: Coordinator) -> tuple[int, int]:
-        b = self._cluster.any_broker()
+        b = self._asker.any_broker()
         if b is None:
             raise LinkError("no broker known")
-        version = self._cluster.version_for(b, apis.FIND_COORDINATOR)
+        version = self._asker.version_for(b, apis.FIND_COORDINATOR)
         if version >= 4:
             body = {"key_type": c.key_type, "coordinator_keys": [c.key]}
         else:
             body = {"key": c.key, "key_type": c.key_type}
-        payload = await self._cluster.call(b, apis.FIND_COORDINATOR, version, body)
+        payload = await self._asker.call(b, apis.FIND_COORDINATOR, version, body)
         return read_coordinator(payload, version, c.key_type, c.key)
+
+
+def _shown(c: Coordinator) -> str:
+    """A coordinator as the log shows it: a client chose the key, so a long one is cut."""
+    key = repr(c.key) if len(c.key) <= 80 else f"{c.key[:80]!r}... ({len(c.key)} characters)"
+    return f"{c.key_type.name.lower()} {key}"

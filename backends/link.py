@@ -14,6 +14,12 @@ stream in tests. With an ``authenticate`` step (SASL, :mod:`backends.sasl`)
 the link logs in before it sends anything else, and logs in again before the
 session the broker granted ends (KIP-368): the writer pauses, requests
 already sent are answered as usual, and nothing in flight fails.
+
+A client connection's links count every answer against its
+:class:`~proxy.budget.Budget` from arrival (:meth:`Pending.hold`) until its
+user consumes or drops it: an answer nobody waits for any more is dropped at
+once (:meth:`Pending.abandon`), and so is one for a sub-fetch nobody waits
+for yet when the budget has no room for it.
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ from typing import Any
 import trio
 
 from proxy import metrics
+from proxy.budget import Budget
 from proxy.core import SubRequest
 from proxy.frame_io import receive_into, send_frame
 from proxy.kafka import schema
@@ -35,6 +42,7 @@ from proxy.kafka.frames import DEFAULT_MAX_FRAME_BYTES, MIN_RESPONSE_FRAME, Fram
 from proxy.kafka.headers import correlation_id_of, request_head, request_header_tail
 from proxy.kafka.wire import Malformed, Parts
 
+from . import backoff
 from .correlations import Correlations, UnknownCorrelationId
 
 log = logging.getLogger("kfan.link")
@@ -70,9 +78,29 @@ class LinkError(Exception):
 
 
 class Pending:
-    """A request's answer to come: the response payload, or a :class:`LinkError`."""
+    """A request's answer to come: the response payload, or a :class:`LinkError`.
 
-    __slots__ = ("_done", "_value", "sent", "written", "done_at", "created_at", "request", "broker")
+    ``waiters``: how many client requests wait for it (its submitter, at
+    first); 0 for a sub-fetch kept only for a Fetch that may come. Its payload
+    is counted against a budget while held (:meth:`hold`); whoever ends its
+    use gives that back, once (:meth:`release`, :meth:`abandon`).
+    """
+
+    __slots__ = (
+        "_done",
+        "_value",
+        "sent",
+        "written",
+        "done_at",
+        "created_at",
+        "request",
+        "broker",
+        "waiters",
+        "dropped",
+        "_held",
+        "_budget",
+        "_reserved",
+    )
 
     def __init__(self) -> None:
         self._done = trio.Event()
@@ -85,13 +113,54 @@ class Pending:
         # Whether the request may have reached the broker: its bytes started
         # out on the socket. One that failed before that cannot have been acted on.
         self.written = False
+        self.waiters = 1
+        self.dropped = False  # nobody will read the answer: it is not kept
+        self._held = 0
+        self._budget: Budget | None = None
+        self._reserved: tuple[Budget, int] | None = None  # room set aside for the answer, until it comes
 
     def set(self, value: bytes | LinkError) -> None:
+        if self.dropped and not isinstance(value, LinkError):
+            value = DROPPED  # abandoned: its payload is not kept
+        self._unreserve()  # the answer is in (counted as itself), or never will be
         if not self._done.is_set():
             self._value = value
             self.done_at = trio.current_time()
             self._done.set()
             self.sent.set()
+
+    async def answered(self) -> None:
+        """Until the answer (or failure) is in, without reading it."""
+        await self._done.wait()
+
+    def reserve(self, budget: Budget, n: int) -> None:
+        """``n`` bytes of ``budget`` were set aside for this answer: given back when it comes."""
+        self._reserved = (budget, n)
+
+    def hold(self, budget: Budget, n: int) -> None:
+        """Count the ``n`` bytes of the payload against ``budget`` while it is held (the room set aside goes back)."""
+        self._unreserve()
+        budget.add(n)
+        self._budget, self._held = budget, n
+
+    def _unreserve(self) -> None:
+        if self._reserved is not None:
+            budget, n = self._reserved
+            self._reserved = None
+            budget.unreserve(n)
+
+    def release(self) -> None:
+        """The payload was consumed: its bytes are no longer this answer's (idempotent)."""
+        if self._budget is not None:
+            self._budget.release(self._held)
+            self._budget, self._held = None, 0
+
+    def abandon(self) -> None:
+        """Nobody will read the answer: give back what it holds, and keep nothing that comes later."""
+        self.release()
+        self.dropped = True
+        if self._done.is_set() and not isinstance(self._value, LinkError):
+            self._value = DROPPED
 
     async def wait(self) -> bytes:
         await self._done.wait()
@@ -99,6 +168,10 @@ class Pending:
             raise self._value
         assert self._value is not None
         return self._value
+
+
+# What a dropped answer reads as, should anyone still ask for it.
+DROPPED = LinkError("the answer was dropped: nobody waited for it")
 
 
 class Link:
@@ -113,8 +186,14 @@ class Link:
         keep_requests: bool = False,
         connect: Connect | None = None,
         authenticate: Authenticate | None = None,
+        budget: Budget | None = None,
     ) -> None:
-        """``connect`` opens the stream (within ``connect_timeout``, as is each login); by default a TCP connection to ``host``:``port``."""
+        """``connect`` opens the stream (within ``connect_timeout``, as is each login); by default a TCP connection to ``host``:``port``.
+
+        ``budget``: the client connection's, which every answer is counted against while held.
+        """
+        self.budget = budget
+        self._arriving: Pending | None = None  # whose answer is being received (already counted)
         self.broker_id = broker_id
         self.keep_requests = keep_requests
         self.address = (host, port)
@@ -179,7 +258,17 @@ class Link:
             except Exception as e:  # any failure of a link is that link's end
                 leaf = _leaf(e)
                 expected = isinstance(leaf, (OSError, trio.TooSlowError, trio.BrokenResourceError, Malformed, LinkError))
-                log.info("link to broker %s %s:%s failed: %r", self.broker_id, *self.address, leaf, exc_info=not expected)
+                # One line per broker per interval: an outage fails every link to it, over and over.
+                left_out = backoff.failure_log().note(self.address)
+                if left_out is not None:
+                    log.info(
+                        "link to broker %s %s:%s failed: %r%s",
+                        self.broker_id,
+                        *self.address,
+                        leaf,
+                        backoff.left_out(left_out),
+                        exc_info=not expected,
+                    )
                 reason = leaf if isinstance(leaf, LinkError) else LinkError(f"broker {self.broker_id}: {leaf!r}")
                 self._fail(reason)
                 return
@@ -191,6 +280,8 @@ class Link:
         self._send.close()
         for pending in self._correlations.take_all():
             pending.set(reason)
+        if self._arriving is not None:
+            self._arriving.set(reason)  # its answer was cut short
         if self._writing is not None:
             # Its bytes were partly out (an acks=0 request has no waiter to fail).
             self._writing.set(reason)
@@ -243,7 +334,10 @@ class Link:
         pending.broker = self.broker_id
         cid = self._correlations.add(pending)
         await send_frame(stream, [request_head(api_key, version), _CID.pack(cid), *own_request(api_key, version, body).tail])
-        return await pending.wait()
+        try:
+            return await pending.wait()
+        finally:
+            pending.release()  # a login answer, read at once
 
     async def _receive(self, stream: trio.abc.Stream) -> None:
         reader = FrameReader(self.max_frame_bytes, MIN_RESPONSE_FRAME)
@@ -251,19 +345,49 @@ class Link:
         while True:
             payload = reader.next_frame()
             if payload is None:
+                if self.budget is not None and self._arriving is None and (head := reader.frame_head(4)) is not None:
+                    # Whose answer this is, as soon as its correlation id is in: counted
+                    # whole from now, or dropped unread (never buffered) when unwanted.
+                    size, first = head
+                    pending = self._answer_for(correlation_id_of(first))
+                    if pending is not None and self._admit(pending, size):
+                        self._arriving = pending
+                    else:
+                        reader.skip()
                 # A Fetch answer of several MiB (a partition's 1 MiB each) is received in place whole.
                 n = await receive_into(stream, reader, self.max_frame_bytes)
                 if not n:
                     raise LinkError(f"broker {self.broker_id} closed the connection")
                 received.inc(n)
                 continue
-            cid = correlation_id_of(payload)
-            try:
-                pending = self._correlations.answer(cid)
-            except UnknownCorrelationId:
-                raise LinkError(f"broker {self.broker_id} answered unknown correlation id {cid}") from None
-            if pending is not None:  # else an answer nobody waits for (acks=0)
-                pending.set(payload)
+            pending, self._arriving = self._arriving, None
+            if pending is None:
+                pending = self._answer_for(correlation_id_of(payload))
+                if pending is None or (self.budget is not None and not self._admit(pending, len(payload))):
+                    continue  # an answer nobody waits for (acks=0), or dropped
+            pending.set(payload)
+
+    def _answer_for(self, cid: int) -> Pending | None:
+        try:
+            return self._correlations.answer(cid)
+        except UnknownCorrelationId:
+            raise LinkError(f"broker {self.broker_id} answered unknown correlation id {cid}") from None
+
+    def _admit(self, pending: Pending, size: int) -> bool:
+        """Whether an answer of ``size`` bytes is kept (counted against the budget from now) or dropped."""
+        budget = self.budget
+        assert budget is not None
+        if budget.closed:
+            return True  # the connection is ending: nothing is counted any more
+        if pending.dropped or (pending.waiters == 0 and not budget.has_room(size)):
+            # Nobody waits for it: abandoned already, or a sub-fetch kept for a
+            # Fetch that may come while the connection or the process is full.
+            # Dropped, not held: that Fetch asks again.
+            pending.abandon()
+            pending.set(DROPPED)
+            return False
+        pending.hold(budget, size)
+        return True
 
 
 def _leaf(e: BaseException) -> BaseException:

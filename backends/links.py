@@ -4,25 +4,29 @@ Each client connection has its own links (a broker answers a connection's
 requests in order, and idempotent producers depend on that order per broker),
 opened lazily per broker and per :class:`Lane`: Fetch long-polls get a lane
 of their own so they never stall the connection's other requests. A failed
-link is replaced on next use. :meth:`LinkPool.resolve` turns a plan's
+link is replaced on next use, once kfan's backoff from reconnecting to that
+broker allows (:mod:`.backoff`). :meth:`LinkPool.resolve` turns a plan's
 destination (a broker, a coordinator, any broker) into a broker id.
 """
 
 from __future__ import annotations
 
 import enum
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from functools import partial
+from typing import Any
 
 import trio
 
+from proxy.budget import Budget
 from proxy.core import ANY_BROKER, Coordinator, Destination, Failed
 from proxy.core.topology import Broker
 from proxy.security.sasl import Credentials
 
+from . import backoff
 from .cluster import Cluster
-from .coordinators import CoordinatorError
-from .link import Link
+from .coordinators import CoordinatorError, Coordinators
+from .link import Link, LinkError, own_request
 
 # Opens a stream to a broker (TCP by default; tests hand memory streams).
 BrokerConnect = Callable[[Broker], Awaitable[trio.abc.Stream]]
@@ -43,8 +47,13 @@ class LinkPool:
         keep_requests: bool = False,
         connect: BrokerConnect | None = None,
         credentials: Callable[[], Credentials] | None = None,
+        budget: Budget | None = None,
     ) -> None:
-        """``credentials``: the client's own, for its links' logins (``--broker-identity client``); else kfan's."""
+        """``credentials``: the client's own, for its links' logins (``--broker-identity client``); else kfan's.
+
+        ``budget``: the client connection's; its links count the answers they hold against it.
+        """
+        self._budget = budget
         self.cluster = cluster
         self._credentials = credentials
         self._nursery = nursery
@@ -53,6 +62,10 @@ class LinkPool:
         self._connect = connect
         self._links: dict[tuple[int, Lane], Link] = {}
         self._default: int | None = None  # the broker this connection asks when any broker will do
+        # Where its coordinators are found: kfan's shared view, or, with the client's identity at the brokers,
+        # a view of its own, looked up over its own links (no lookup as kfan on its behalf, nothing shared).
+        shared = cluster.coordinators
+        self.coordinators: Coordinators = shared if credentials is None else shared.scoped(_AsTheClient(self), scope=object())
 
     async def resolve(self, destination: Destination) -> int | Failed | None:
         """The broker a destination names; Failed when its coordinator cannot be found; None when no broker is known.
@@ -62,7 +75,7 @@ class LinkPool:
         """
         if isinstance(destination, Coordinator):
             try:
-                return await self.cluster.coordinators.coordinator(destination)
+                return await self.coordinators.coordinator(destination)
             except CoordinatorError as e:
                 return Failed(e.code)
         if destination is ANY_BROKER:
@@ -88,12 +101,20 @@ class LinkPool:
         return broker
 
     def link(self, broker: int, lane: Lane) -> Link | None:
-        """The open link to ``broker`` on ``lane``, opened now if needed; None for a broker not in the topology."""
+        """The open link to ``broker`` on ``lane``, opened now if needed; None for a broker not in the
+        topology, or one kfan backs off from reconnecting to (:mod:`.backoff`): the request then fails
+        with the retriable error of an unreachable broker, as it would have on a new link."""
         link = self._links.get((broker, lane))
         if link is not None and link.failed is None:
             return link
         b = self.cluster.topology.brokers.get(broker)
         if b is None:
+            return None
+        reconnects = backoff.reconnects()
+        attempt = reconnects.attempt((b.host, b.port))
+        if attempt is None:
+            backoff.backed_off(broker)
+            self.default_failed(broker)
             return None
         security = self.cluster.security
         connect = partial(security.connect, b.host, b.port) if self._connect is None else _bound(self._connect, b)
@@ -103,11 +124,13 @@ class LinkPool:
             b.port,
             max_frame_bytes=self._max_frame_bytes,
             keep_requests=self._keep_requests,
+            budget=self._budget,
             connect=connect,
             authenticate=security.login(broker, self._credentials),
         )
         self._links[(broker, lane)] = link
         self._nursery.start_soon(link.run)
+        self._nursery.start_soon(backoff.settle, attempt, link)
         return link
 
     def reauthenticate(self) -> None:
@@ -121,6 +144,35 @@ class LinkPool:
         link = self._links.get((broker, lane))
         if link is not None:
             link.close()
+
+
+class _AsTheClient:
+    """kfan's lookups for one client connection (FindCoordinator), over that connection's links: the brokers
+    see the client's identity, and answer what the client may know."""
+
+    def __init__(self, pool: LinkPool) -> None:
+        self._pool = pool
+
+    def any_broker(self) -> int | None:
+        return self._pool.default_broker()
+
+    def version_for(self, broker: int, api_key: int) -> int:
+        return self._pool.cluster.version_for(broker, api_key)
+
+    async def call(self, broker: int, api_key: int, version: int, body: Mapping[str, Any]) -> bytes:
+        link = self._pool.link(broker, Lane.MAIN)
+        if link is None:
+            raise LinkError(f"broker {broker} cannot be reached now")
+        pending = link.submit(own_request(api_key, version, body))
+        try:
+            with trio.fail_after(self._pool.cluster.request_timeout):
+                payload = await pending.wait()
+        except trio.TooSlowError:
+            pending.abandon()
+            self._pool.default_failed(broker)
+            raise
+        pending.release()
+        return payload
 
 
 def _bound(connect: BrokerConnect, broker: Broker) -> Callable[[], Awaitable[trio.abc.Stream]]:

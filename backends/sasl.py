@@ -6,24 +6,32 @@ advertises; again before the session the broker granted ends (KIP-368).
 link's own request/answer path, before any other request and whenever its
 session is about to end. The credentials are asked for at each login, so a
 re-read password file, a refreshed token or a client's new credentials are
-the ones used.
+the ones used. SCRAM's steps (SASLprep, PBKDF2 over the broker's salt and
+iteration count, the proofs) run in a worker thread behind the limiter the
+client logins share (:mod:`proxy.security.offload`).
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from typing import TypeVar
 
 from proxy import metrics
 from proxy.kafka import apis, errors
 from proxy.kafka.headers import decode_response
 from proxy.kafka.wire import Malformed
+from proxy.security import offload
 from proxy.security.sasl import ClientExchange, Credentials, SaslError
+from proxy.security.users import SCRAM_MECHANISMS
 
-from .link import Call, LinkError
+from .link import Call, Link, LinkError, own_request
 from .reads import read_api_versions
 
 log = logging.getLogger("kfan.link")
+
+T = TypeVar("T")
+R = TypeVar("R")
 
 # The ApiVersions version asked before logging in: every broker serves v0.
 _API_VERSIONS_VERSION = 0
@@ -79,7 +87,7 @@ class SaslLogin:
         lo, hi = self._versions.get(apis.SASL_AUTHENTICATE, (0, 0))
         version = max(lo, min(hi, 2))
         try:
-            exchange = ClientExchange(credentials)
+            exchange = await _costly(mechanism, ClientExchange, credentials)
         except ValueError as e:  # credentials no login can use (an empty password file)
             raise AuthenticationFailed(self.broker, mechanism, f"kfan's credentials: {e}") from None
         message: bytes | None = exchange.first()
@@ -90,9 +98,30 @@ class SaslLogin:
                 reason = answer["error_message"] or f"error {answer['error_code']}"
                 raise AuthenticationFailed(self.broker, mechanism, reason, answer["error_code"])
             try:
-                message = exchange.step(bytes(answer["auth_bytes"] or b""))
+                message = await _costly(mechanism, exchange.step, bytes(answer["auth_bytes"] or b""))
             except SaslError as e:
                 raise AuthenticationFailed(self.broker, mechanism, str(e)) from None
             if message is None:
                 lifetime_ms = answer.get("session_lifetime", 0) or 0
                 return lifetime_ms / 1000 if lifetime_ms > 0 else None
+
+
+async def _costly(mechanism: str, work: Callable[[T], R], arg: T) -> R:
+    """SCRAM's work (SASLprep of the credentials, the key derivation) off the event loop; PLAIN's and OAUTHBEARER's is trivial."""
+    if mechanism in SCRAM_MECHANISMS:
+        return await offload.run(work, arg)
+    return work(arg)
+
+
+async def relogin_confirmed(link: Link) -> str | None:
+    """Log ``link`` in again, with the credentials its login asks for now, and wait for the answer to a
+    request sent after that login: None when the broker took the credentials, else why not (the link failed).
+
+    A client's re-authentication with ``--broker-identity client`` is confirmed so before it is answered.
+    """
+    link.reauthenticate()
+    try:
+        await link.submit(own_request(apis.API_VERSIONS, _API_VERSIONS_VERSION, {})).wait()
+    except LinkError as e:
+        return str(e)
+    return None

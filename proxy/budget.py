@@ -1,8 +1,9 @@
 """Memory kfan holds for clients: a budget per connection and a cap for the process.
 
 Everything a client makes kfan hold counts: bytes of a frame still arriving,
-requests in flight (their frame plus their decoded form), and responses not
-written yet. A connection's :class:`Budget` makes its reader wait while the
+requests in flight (their frame plus their decoded form), brokers' answers
+from their arrival until they are merged or dropped (late ones included),
+and responses not written yet. A connection's :class:`Budget` makes its reader wait while the
 connection holds more than its share (TCP then pushes back on the client);
 the process-wide :class:`MemoryPool` makes every connection that already
 holds something wait while the whole process is over its cap, so that many
@@ -64,12 +65,19 @@ class MemoryPool:
 
 
 class Budget:
-    """Bytes one connection holds; :meth:`acquire` waits while full (one oversized request may pass alone)."""
+    """Bytes one connection holds; :meth:`acquire` waits while full (one oversized request may pass alone).
+
+    ``reserved``: room set aside for answers on their way (:meth:`reserve`),
+    counted against this connection only: the pool, and the metric it feeds,
+    count bytes actually held.
+    """
 
     def __init__(self, limit: int, pool: MemoryPool) -> None:
         self.limit = limit
         self.pool = pool
         self.used = 0
+        self.reserved = 0
+        self.closed = False  # the connection ended: nothing more is counted or given back
         self._freed = _Freed()
 
     async def acquire(self, n: int) -> None:
@@ -78,16 +86,41 @@ class Budget:
         self.add(n)
 
     def add(self, n: int) -> None:
-        """Count ``n`` bytes without waiting (responses: they are already made)."""
+        """Count ``n`` bytes without waiting (responses, brokers' answers: they are already made)."""
+        if self.closed:
+            return
         self.used += n
         self.pool.add(n)
 
+    def has_room(self, n: int) -> bool:
+        """Whether ``n`` more bytes fit this connection's limit and the process's cap."""
+        return self.used + n <= self.limit and self.pool.used + n <= self.pool.limit
+
+    async def reserve(self, n: int, own: int = 0) -> int:
+        """Set aside room for an answer of up to ``n`` bytes (at most the limit); what was set aside.
+
+        Waits while the connection holds or expects too much; ``own``: bytes
+        of the asking request itself, already counted. Alone, it passes.
+        """
+        n = min(n, self.limit)
+        while self.used - own + self.reserved > 0 and self.used + self.reserved + n > self.limit:
+            await self._freed.wait()
+        self.reserved += n
+        return n
+
+    def unreserve(self, n: int) -> None:
+        self.reserved -= n
+        self._freed.notify()
+
     def release(self, n: int) -> None:
+        if self.closed:
+            return  # release_all gave it back already
         self.used -= n
         self.pool.sub(n)
         self._freed.notify()
 
     def release_all(self) -> None:
-        """The connection ended: everything it held is free."""
+        """The connection ended: everything it held is free, and what is given back later was given back here."""
         if self.used:
             self.release(self.used)
+        self.closed = True

@@ -6,11 +6,13 @@ import argparse
 import gc
 import json
 import logging
+import math
 import os
 import signal
 import sys
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -21,8 +23,11 @@ from .bench.options import add_arguments as add_bench_arguments
 from .capture import CaptureConfig
 from .config import parse_address, parse_addresses
 from .connection import Limits
+from .metrics import ListenFailed
+from .prelogin import PreLoginLimits
 from .security_options import security_from
 from .server import Running, ServerConfig, serve
+from .workers import IGNORED_SIGHUP, LIFELINE_ENV, run_workers
 
 log = logging.getLogger("kfan")
 
@@ -170,6 +175,12 @@ def _config(options: dict[str, Any], bootstrap: list[tuple[str, int]], reuse_por
             max_connections=options["max_connections"],
             validate_records=options["validate_records"] == "crc",
             fetch_ahead_bytes=options["fetch_ahead_bytes"],
+            login=PreLoginLimits(
+                max_receive_bytes=options["client_auth_max_receive_bytes"],
+                timeout=options["client_auth_timeout"],
+                max_per_address=options["max_unauthenticated_per_address"],
+                max_bytes=options["max_unauthenticated_bytes"],
+            ),
         ),
         metrics_listen=options["metrics_listen"],
         reuse_port=reuse_port,
@@ -182,25 +193,63 @@ def _config(options: dict[str, Any], bootstrap: list[tuple[str, int]], reuse_por
 
 
 async def _until_signal(body: Callable[[trio.Nursery], Awaitable[Running | None]], shutdown_timeout: float = 0.0) -> None:
-    """Run until SIGINT or SIGTERM; then drain the server (if any) and cancel everything.
+    """Run until SIGINT or SIGTERM (or, for a child on a lifeline, until the process that started it is
+    gone); then drain the server (if any) and cancel everything. SIGHUP is ignored, with a line.
 
     Signals are heard while the body still starts too: a kfan that cannot
     reach (or log in to) any broker must still stop when told.
     """
     async with trio.open_nursery() as nursery:
-        with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        stop_send, stop_receive = trio.open_memory_channel[str](math.inf)
+        with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM, signal.SIGHUP) as signals:
             started: list[Running | None] = []
 
             async def start() -> None:
                 started.append(await body(nursery))
 
+            async def hear(signals: AsyncIterator[int]) -> None:
+                async for signum in signals:
+                    if signum == signal.SIGHUP:
+                        log.warning(IGNORED_SIGHUP)
+                    else:
+                        stop_send.send_nowait(f"received {signal.Signals(signum).name}")
+
             nursery.start_soon(start)
-            async for signum in signals:
-                log.info("received %s, stopping", signal.Signals(signum).name)
-                if started and started[0] is not None:
-                    await started[0].shutdown(shutdown_timeout)
-                nursery.cancel_scope.cancel()
-                break
+            nursery.start_soon(hear, signals)
+            if os.environ.get(LIFELINE_ENV) == "stdin":
+                nursery.start_soon(_watch_lifeline, stop_send)
+            log.info("%s, stopping", await stop_receive.receive())
+            if started and started[0] is not None:
+                await started[0].shutdown(shutdown_timeout)
+            nursery.cancel_scope.cancel()
+
+
+def ignore_sighup() -> None:
+    """Ignore SIGHUP from the start (the signal receivers take over once trio runs, and restore this after):
+    a SIGHUP while kfan starts is as harmless as one after. Its children inherit it."""
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+
+
+@contextmanager
+def _exit_if_listen_fails(command: str) -> Iterator[None]:
+    """An address that cannot be bound ends kfan with one line naming it and the OS error, not a traceback."""
+    try:
+        yield
+    except (ListenFailed, BaseExceptionGroup) as e:
+        failed = _listen_failure(e)
+        if failed is None:
+            raise
+        raise SystemExit(f"kfan {command}: {failed}") from None
+
+
+def _listen_failure(e: BaseException) -> ListenFailed | None:
+    if isinstance(e, ListenFailed):
+        return e
+    if isinstance(e, BaseExceptionGroup):
+        for inner in e.exceptions:
+            if (found := _listen_failure(inner)) is not None:
+                return found
+    return None
 
 
 def _serve(options: dict[str, Any]) -> int:
@@ -212,9 +261,8 @@ def _serve(options: dict[str, Any]) -> int:
     except (OSError, ValueError) as e:
         raise SystemExit(f"kfan serve: {e}") from None
     if options["workers"] > 1:
-        from .workers import run_workers
-
-        return run_workers(options)
+        with _exit_if_listen_fails("serve"):
+            return run_workers(options)
 
     async def body(nursery: trio.Nursery) -> Running:
         running: Running = await nursery.start(serve, config)
@@ -225,7 +273,8 @@ def _serve(options: dict[str, Any]) -> int:
         )
         return running
 
-    trio.run(_until_signal, body, config.shutdown_timeout_s)
+    with _exit_if_listen_fails("serve"):
+        trio.run(_until_signal, body, config.shutdown_timeout_s)
     return 0
 
 
@@ -245,13 +294,6 @@ _DEMO_BROKERS = 3
 _DEMO_TOPIC = ("demo", 6)
 _BROKERS_START_TIMEOUT_S = 60.0
 _BROKERS_STOP_TIMEOUT_S = 10.0
-# Set in the child's environment: `kfan cluster` then stops when its stdin
-# reaches end of file. The kfan that started it holds the other end of that
-# pipe, and the kernel closes it however kfan ends, SIGKILL included, so the
-# brokers never outlive it. (Not PR_SET_PDEATHSIG: that fires when the *thread*
-# that forked the child exits, and trio forks from a worker thread that exits
-# when idle.)
-_LIFELINE_ENV = "KFAN_CLUSTER_LIFELINE"
 
 
 class _BrokersDidNotStart(RuntimeError):
@@ -293,7 +335,7 @@ class _BrokerProcess:
         # Wherever this kfan was imported from, the child imports the same code.
         root = str(Path(__file__).resolve().parent.parent)
         pythonpath = os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))
-        env = {**os.environ, _LIFELINE_ENV: "stdin", "PYTHONPATH": pythonpath}
+        env = {**os.environ, LIFELINE_ENV: "stdin", "PYTHONPATH": pythonpath}
         # Its own session: a Ctrl-C in the terminal reaches kfan only, which
         # drains its clients before it stops the brokers. Its stderr is kfan's.
         self._process = await trio.lowlevel.open_process(
@@ -429,7 +471,8 @@ def _demo(options: dict[str, Any]) -> int:
             await _until_signal(body, config.shutdown_timeout_s)
 
     try:
-        trio.run(run)
+        with _exit_if_listen_fails("demo"):
+            trio.run(run)
     except _BrokersDidNotStart as e:
         raise SystemExit(f"kfan demo: {e}") from None
     return 0
@@ -453,8 +496,6 @@ def _cluster(args: argparse.Namespace) -> int:
         print(f"Run: kfan serve --bootstrap {bootstrap}", flush=True)
 
         async def body(nursery: trio.Nursery) -> None:
-            if os.environ.get(_LIFELINE_ENV) == "stdin":
-                nursery.start_soon(_stop_at_stdin_eof, nursery.cancel_scope)
             if args.host:
                 for port in ports:
                     await nursery.start(_relay, args.host, port)
@@ -464,8 +505,8 @@ def _cluster(args: argparse.Namespace) -> int:
     return 0
 
 
-async def _stop_at_stdin_eof(scope: trio.CancelScope) -> None:
-    """`kfan cluster` started by `kfan demo`: stop when stdin, a pipe from that kfan, reaches end of file (kfan is gone)."""
+async def _watch_lifeline(stop: trio.MemorySendChannel[str]) -> None:
+    """A child of another kfan (LIFELINE_ENV): stop when stdin, a pipe from that kfan, reaches end of file (it is gone)."""
     stdin = trio.lowlevel.FdStream(os.dup(sys.stdin.fileno()))
     try:
         async with stdin:
@@ -473,8 +514,8 @@ async def _stop_at_stdin_eof(scope: trio.CancelScope) -> None:
                 pass
     except (OSError, trio.BrokenResourceError):
         pass
-    log.warning("kfan cluster: the kfan demo that started it is gone (its pipe closed), stopping the brokers")
-    scope.cancel()
+    log.warning("the kfan that started this process is gone (its pipe closed)")
+    stop.send_nowait("lifeline closed")
 
 
 async def _relay(host: str, port: int, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
@@ -536,6 +577,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "cluster":
         setup_logging(args.log_level, False)
+        ignore_sighup()
         return _cluster(args)
     if args.command == "users":
         return _users_add(args)
@@ -552,6 +594,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (OSError, ValueError) as e:
         raise SystemExit(f"kfan {args.command}: {e}") from None
     setup_logging(options["log_level"], options["log_json"])
+    ignore_sighup()
     return {"serve": _serve, "demo": _demo}[args.command](options)
 
 

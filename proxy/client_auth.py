@@ -11,9 +11,14 @@ unknown mechanism with UNSUPPORTED_SASL_MECHANISM and the list. A session may
 have a lifetime (KIP-368): the client must log in again before it ends, or
 its next request closes the connection.
 
-With the client's identity carried to the brokers, a login is confirmed by
-logging a broker link in with the same credentials (``confirm``): a broker
-refusing them refuses the client.
+With the client's identity carried to the brokers, a login, and each
+re-authentication, is confirmed by logging a broker link in with the same
+credentials (``confirm``) before it is answered: a broker refusing them
+refuses the client.
+
+Each step of an exchange (SASLprep, PBKDF2, SCRAM proofs, JWT signatures)
+runs in a worker thread behind the process's limiter (:mod:`proxy.security.offload`);
+what a client chose (mechanism, user name) is logged through :func:`~proxy.logtext.printable`.
 """
 
 from __future__ import annotations
@@ -32,6 +37,8 @@ from .kafka import apis, errors
 from .kafka.headers import decode_request, peek_request, response_header
 from .kafka.schema import encode_body, response_spec
 from .kafka.wire import Parts
+from .logtext import printable
+from .security import offload
 from .security.sasl import Authenticator, Credentials, ServerExchange, ServerStep
 
 log = logging.getLogger("kfan.auth")
@@ -137,13 +144,19 @@ class ClientSession:
         if self.authenticated and (hdr.api_version < 1 or mechanism != self.mechanism):
             # Re-authentication (KIP-368) keeps the mechanism and speaks SaslAuthenticate.
             log.warning(
-                "%s: re-authentication with %s v%s refused (logged in with %s)", self.client, mechanism, hdr.api_version, self.mechanism
+                "%s: re-authentication with %s v%s refused (logged in with %s)",
+                self.client,
+                printable(mechanism),
+                hdr.api_version,
+                self.mechanism,
             )
             return self._answer(hdr, {"error_code": errors.ILLEGAL_SASL_STATE, "mechanisms": list(enabled)}, close="illegal_sasl_state")
         exchange = self.config.authenticator.start(mechanism)
         if exchange is None:
             metrics.AUTHENTICATIONS.labels(_label(mechanism), "unsupported_mechanism").inc()
-            log.warning("%s: SASL mechanism %r is not enabled (enabled: %s), closing", self.client, mechanism, ", ".join(enabled))
+            log.warning(
+                "%s: SASL mechanism '%s' is not enabled (enabled: %s), closing", self.client, printable(mechanism), ", ".join(enabled)
+            )
             body = {"error_code": errors.UNSUPPORTED_SASL_MECHANISM, "mechanisms": list(enabled)}
             return self._answer(hdr, body, close="unsupported_sasl_mechanism")
         self._exchange = exchange
@@ -157,7 +170,7 @@ class ClientSession:
         if self._exchange is None:
             body = {"error_code": errors.ILLEGAL_SASL_STATE, "error_message": "SaslAuthenticate before SaslHandshake", "auth_bytes": b""}
             return self._answer(hdr, body, close="illegal_sasl_state")
-        step = self._exchange.step(bytes(request["auth_bytes"] or b""))
+        step = await offload.run(self._exchange.step, bytes(request["auth_bytes"] or b""))
         if not step.done:
             return self._answer(hdr, {"error_code": errors.NONE, "error_message": None, "auth_bytes": step.reply, "session_lifetime": 0})
         error = await self._finish(step)
@@ -171,7 +184,7 @@ class ClientSession:
     async def _raw_token(self, token: bytes) -> Answer:
         """SaslHandshake v0: the client's token in a bare frame, answered with a bare frame; a failure closes."""
         assert self._exchange is not None
-        step = self._exchange.step(token)
+        step = await offload.run(self._exchange.step, token)
         if step.done and await self._finish(step) is not None:
             return Answer(apis.SASL_AUTHENTICATE, None, close="authentication_failed")
         if step.done:
@@ -187,7 +200,9 @@ class ClientSession:
         error = step.error
         if error is None and self.authenticated and step.principal != self.principal:
             error = f"the principal may not change on re-authentication ({self.principal} to {step.principal})"
-        if error is None and self.config.carry_identity and not self.authenticated and self._confirm is not None:
+        # Carried to the brokers, credentials are taken once a broker took them: at login and at each
+        # re-authentication, before the answer (else a wrong password would be answered with success).
+        if error is None and self.config.carry_identity and self._confirm is not None:
             if step.credentials is None:
                 error = f"{mechanism} credentials cannot be carried to the brokers"
             else:
@@ -203,15 +218,17 @@ class ClientSession:
             self.principal = self.credentials = None
             self._failed = True
             metrics.AUTHENTICATIONS.labels(mechanism, "failed").inc()
-            who = f"User:{exchange.claimed}" if exchange.claimed else "no user name"
-            log.warning("%s: authentication failed (%s, %s): %s", self.client, mechanism, who, error)
+            who = f"User:{printable(exchange.claimed)}" if exchange.claimed else "no user name"
+            log.warning("%s: authentication failed (%s, %s): %s", self.client, mechanism, who, printable(error, 256))
             await trio.sleep(self.config.failure_delay)
             return error
         again = self.authenticated
         self.principal, self.mechanism, self.credentials = step.principal, mechanism, step.credentials
         self.expires_at = self._session_end(step)
         metrics.AUTHENTICATIONS.labels(mechanism, "reauthenticated" if again else "ok").inc()
-        log.info("%s: %s as User:%s (%s)", self.client, "re-authenticated" if again else "authenticated", self.principal, mechanism)
+        log.info(
+            "%s: %s as User:%s (%s)", self.client, "re-authenticated" if again else "authenticated", printable(self.principal), mechanism
+        )
         if again and self._on_login is not None:
             self._on_login()
         return None

@@ -201,6 +201,30 @@ OPTIONS: tuple[Option, ...] = (
         "SECONDS",
     ),
     Option("client-auth-failure-delay", float, 0.1, "seconds before a failed authentication is answered", "SECONDS"),
+    Option(
+        "client-auth-max-receive-bytes",
+        int,
+        512 * 1024,
+        "largest frame a client may send before it has logged in (Kafka's sasl.server.max.receive.size)",
+        "BYTES",
+    ),
+    Option(
+        "client-auth-timeout", float, 10.0, "seconds from a client's connection to its completed SASL login; later, it is closed", "SECONDS"
+    ),
+    Option(
+        "max-unauthenticated-per-address",
+        int,
+        64,
+        "connections from one client address that have not logged in yet (SASL login, else TLS handshake); more are closed as they arrive",
+        "N",
+    ),
+    Option(
+        "max-unauthenticated-bytes",
+        int,
+        32 * 1024 * 1024,
+        "bytes held for all connections not logged in yet, apart from --max-buffered-bytes; past it they stop being read",
+        "BYTES",
+    ),
     Option("log-level", str, "INFO", "DEBUG, INFO, WARNING, ERROR", "LEVEL"),
     Option("log-json", _bool, False, "one JSON object per log line", "BOOL"),
 )

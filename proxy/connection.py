@@ -32,13 +32,14 @@ import os
 import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import trio
 
 from backends.cluster import Cluster
 from backends.link import Pending
 from backends.links import BrokerConnect, Lane, LinkPool
+from backends.sasl import relogin_confirmed
 
 from . import metrics
 from .budget import Budget, MemoryPool
@@ -59,10 +60,11 @@ from .core.layout import TopicPartition
 from .core.topology import Topology
 from .forwarder import Forwarder, Handles
 from .frame_io import receive_into, send_frame
-from .kafka.frames import FrameReader
+from .kafka.frames import FrameReader, FrameTooLarge
 from .kafka.headers import RequestHeader, peek_request, response_header
 from .kafka.records import Invalid
 from .kafka.wire import Malformed, Parts
+from .prelogin import Admitted, PreLogin, PreLoginLimits, host_of
 from .security.tls import ServerTLS, looks_like_tls, principal_of
 
 log = logging.getLogger("kfan.connection")
@@ -85,6 +87,7 @@ class Limits:
     max_connections: int = 10_000
     validate_records: bool = True  # --validate-records crc: bad produced batches stop at kfan
     fetch_ahead_bytes: int = 16 * 1024 * 1024  # records sub-fetches sent ahead may bring in, per connection
+    login: PreLoginLimits = field(default_factory=PreLoginLimits)  # what a connection not logged in yet may hold
 
 
 class _Close(Exception):
@@ -131,6 +134,7 @@ class _Receiver:
         self._frame_started = 0.0
         self._draining = trio.Event()
         self._receiving: trio.CancelScope | None = None
+        self.login_deadline = math.inf  # a connection not logged in by then is closed
 
     def drain(self) -> None:
         self._draining.set()
@@ -156,7 +160,7 @@ class _Receiver:
         limits = self.limits
         while not self._draining.is_set():
             deadline = self._frame_started + limits.frame_timeout if self.partial else self.last_active + limits.idle_timeout
-            with trio.CancelScope(deadline=deadline) as self._receiving:
+            with trio.CancelScope(deadline=min(deadline, self.login_deadline)) as self._receiving:
                 await self.pool.wait_to_read(self.budget.used + self.partial)
                 n = await receive_into(self.stream, reader)
                 self.last_active = trio.current_time()
@@ -165,6 +169,9 @@ class _Receiver:
             now = trio.current_time()
             if self._draining.is_set():
                 break
+            if now >= self.login_deadline:
+                log.warning("client %s: not logged in within %.0f s, closing", self.client, limits.login.timeout)
+                raise _Close("login_timeout")
             if self.partial and now >= self._frame_started + limits.frame_timeout:
                 log.warning("client %s: a frame was not completed within %.0f s, closing", self.client, limits.frame_timeout)
                 raise _Close("frame_timeout")
@@ -190,8 +197,10 @@ class ClientConnection:
         auth: ClientAuthConfig | None = None,
         peer: str = "?",
         principal: str | None = None,
+        admitted: Admitted | None = None,
     ) -> None:
-        """``auth``: clients log in with SASL first; ``principal``: who the client's TLS certificate says it is."""
+        """``auth``: clients log in with SASL first; ``principal``: who the client's TLS certificate says it is;
+        ``admitted``: its place among the process's connections not logged in yet (with ``auth``)."""
         self.stream = stream
         self.capture = capture
         self.cluster = cluster
@@ -202,6 +211,13 @@ class ClientConnection:
         self._pool = pool if pool is not None else MemoryPool(limits.max_buffered_bytes)
         self._budget = Budget(limits.max_connection_bytes, self._pool)
         self._receiver = _Receiver(stream, limits, self._budget, self._pool, self.id)
+        # Until the SASL login: small frames, a deadline, and bytes held in the pool of those not logged in.
+        self._admitted: Admitted | None = None
+        if auth is not None:
+            self._admitted = admitted or PreLogin(limits.login).admit(host_of(peer))
+            assert self._admitted is not None
+            self._budget.pool = self._receiver.pool = self._admitted.prelogin.pool
+            self._receiver.login_deadline = self._admitted.deadline
         self._inflight = 0
         # One token per request between its read and its response's write:
         # the reader takes one before reading the next request, so at most
@@ -230,6 +246,7 @@ class ClientConnection:
                     keep_requests=self.capture is not None,
                     connect=self._connect_broker,
                     credentials=session.broker_credentials if carry and session is not None else None,
+                    budget=self._budget,  # brokers' answers count as held for this client
                 )
                 limits = self.limits
                 self._forwarder = Forwarder(
@@ -242,6 +259,8 @@ class ClientConnection:
                     client_identity=carry,
                     validate_records=limits.validate_records,
                     fetch_ahead_bytes=limits.fetch_ahead_bytes,
+                    budget=self._budget,
+                    nursery=nursery,
                 )
                 send, receive = trio.open_memory_channel[ResponseSlot](self.limits.max_inflight)
                 nursery.start_soon(self._write, receive, nursery.cancel_scope)
@@ -269,8 +288,20 @@ class ClientConnection:
 
     # --- reading -------------------------------------------------------------
 
+    def _logged_in(self, reader: FrameReader) -> None:
+        """The client logged in: the full frame size, no login deadline, and the pool logged-in clients share."""
+        admitted, self._admitted = self._admitted, None
+        assert admitted is not None
+        admitted.leave()
+        reader.max_frame_bytes = self.limits.max_frame_bytes
+        self._receiver.login_deadline = math.inf
+        held = self._budget.used + self._receiver.partial
+        admitted.prelogin.pool.sub(held)
+        self._pool.add(held)
+        self._budget.pool = self._receiver.pool = self._pool
+
     async def _read(self, send: trio.MemorySendChannel[ResponseSlot]) -> None:
-        reader = FrameReader(self.limits.max_frame_bytes)
+        reader = FrameReader(self.limits.max_frame_bytes if self._admitted is None else self.limits.login.max_receive_bytes)
         holding = False  # a capacity token for the next request
         first = True  # no byte read yet
         while True:
@@ -279,6 +310,12 @@ class ClientConnection:
                 holding = True
             try:
                 payload = reader.next_frame()
+            except FrameTooLarge as e:
+                if self._admitted is not None:
+                    log.warning("client %s (%s): %s before login (--client-auth-max-receive-bytes), closing", self.id, self.peer, e)
+                    raise _Close("login_frame_too_large") from e
+                log.warning("client %s: malformed frame, closing: %s", self.id, e)
+                raise _Close("malformed") from e
             except Malformed as e:
                 log.warning("client %s: malformed frame, closing: %s", self.id, e)
                 raise _Close("malformed") from e
@@ -306,6 +343,8 @@ class ClientConnection:
             metrics.BYTES.labels("client_in").inc(len(payload) + 4)
             if self._session is not None:
                 answer = await self._admit(payload)
+                if self._admitted is not None and self._session.authenticated:
+                    self._logged_in(reader)
                 if answer is not None:
                     # kfan's own SASL answer, in its place in the response order.
                     slot = ResponseSlot(0, answer.api_key)
@@ -380,7 +419,15 @@ class ClientConnection:
         if not link.ready.is_set():
             link.close()
             return f"broker {broker} did not answer the login within {self.limits.request_timeout:.0f} s"
-        return None if link.failed is None else str(link.failed)
+        if link.failed is not None:
+            return str(link.failed)
+        if self._session is not None and self._session.authenticated:
+            # A re-authentication: the open link logs in again with the new credentials, before the client is answered.
+            with trio.move_on_after(self.limits.request_timeout):
+                return await relogin_confirmed(link)
+            link.close()
+            return f"broker {broker} did not answer the login within {self.limits.request_timeout:.0f} s"
+        return None
 
     def _relogin(self) -> None:
         """The client logged in again: with its identity carried, so do its broker links."""
@@ -577,6 +624,7 @@ async def serve_client(
     *,
     tls: ServerTLS | None = None,
     auth: ClientAuthConfig | None = None,
+    prelogin: PreLogin | None = None,
 ) -> None:
     if registry is not None and len(registry) >= limits.max_connections:
         # As a broker over max.connections: the new connection is closed at once.
@@ -589,6 +637,30 @@ async def serve_client(
         await trio.aclose_forcefully(stream)
         return
     peer = peer_of(stream)
+    # Until it has logged in (a SASL login, else its TLS handshake), the connection counts against its address's cap.
+    admitted = (prelogin or PreLogin(limits.login)).admit(host_of(peer))
+    if admitted is None:
+        await trio.aclose_forcefully(stream)
+        return
+    try:
+        await _serve_admitted(stream, cluster, identity, limits, registry, capture, pool, tls, auth, peer, admitted)
+    finally:
+        admitted.leave()
+
+
+async def _serve_admitted(
+    stream: trio.abc.Stream,
+    cluster: Cluster,
+    identity: Identity,
+    limits: Limits,
+    registry: Connections | None,
+    capture: Capture | None,
+    pool: MemoryPool | None,
+    tls: ServerTLS | None,
+    auth: ClientAuthConfig | None,
+    peer: str,
+    admitted: Admitted,
+) -> None:
     principal = None
     if tls is not None:
         secured = await _tls_handshake(stream, tls, peer, limits.frame_timeout)
@@ -599,7 +671,9 @@ async def serve_client(
         if principal is not None:
             metrics.AUTHENTICATIONS.labels("mTLS", "ok").inc()
             log.info("client at %s: TLS client certificate of %s", peer, principal)
-    conn = ClientConnection(stream, cluster, identity, limits, capture, pool, auth=auth, peer=peer, principal=principal)
+    if auth is None:
+        admitted.leave()  # no SASL login to wait for: the client is in
+    conn = ClientConnection(stream, cluster, identity, limits, capture, pool, auth=auth, peer=peer, principal=principal, admitted=admitted)
     log.debug("client %s connected from %s", conn.id, peer)
     metrics.CLIENT_CONNECTIONS.inc()
     try:
@@ -624,9 +698,9 @@ async def _tls_handshake(stream: trio.abc.Stream, tls: ServerTLS, peer: str, tim
         cause = e.__cause__ if isinstance(e, trio.BrokenResourceError) and e.__cause__ is not None else e
         text = getattr(cause, "reason", None) or repr(cause)
         hint = ""
-        if text in ("WRONG_VERSION_NUMBER", "HTTP_REQUEST", "UNEXPECTED_EOF_WHILE_READING", "RECORD_LAYER_FAILURE") or isinstance(
-            e, trio.TooSlowError
-        ):
+        if isinstance(e, trio.TooSlowError):
+            text = f"not completed within {timeout:.0f} s (--frame-timeout)"
+        elif text in ("WRONG_VERSION_NUMBER", "HTTP_REQUEST", "UNEXPECTED_EOF_WHILE_READING", "RECORD_LAYER_FAILURE"):
             hint = " (a plaintext client on the TLS listener?)"
         elif "CERTIFICATE" in str(text).upper():
             metrics.AUTHENTICATIONS.labels("mTLS", "failed").inc()

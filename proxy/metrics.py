@@ -74,9 +74,28 @@ BROKER_AUTHENTICATIONS = Counter(
     "kfan's SASL authentications on its broker links, by broker, mechanism and result (ok, reauthenticated, failed)",
     ["broker", "mechanism", "result"],
 )
-BUFFERED_BYTES = Gauge(
-    "kfan_buffered_bytes", "Bytes held for clients: frames arriving, requests in flight, responses unwritten", multiprocess_mode="livesum"
+BROKER_CONNECTS = Counter(
+    "kfan_broker_connects",
+    "Links kfan opened to brokers, by broker (-1: a bootstrap address) and result (ok, failed, login_refused, abandoned); "
+    "connections not tried while kfan backs off from a failing broker are counted as backed_off",
+    ["broker", "result"],
 )
+BUFFERED_BYTES = Gauge(
+    "kfan_buffered_bytes",
+    "Bytes held for clients: frames arriving, requests in flight, brokers' answers held, responses unwritten",
+    multiprocess_mode="livesum",
+)
+CACHE_BYTES = Gauge(
+    "kfan_cache_bytes",
+    "Bytes of the process-wide caches clients fill with names they choose, by cache (coordinators, read_replicas)",
+    ["cache"],
+    multiprocess_mode="livesum",
+)
+CACHE_EVICTIONS = Counter("kfan_cache_evictions", "Entries evicted from a bounded cache to stay within its bounds, by cache", ["cache"])
+
+
+class ListenFailed(Exception):
+    """An address kfan was told to listen on cannot be bound (in use, not this host's): it cannot serve."""
 
 
 def registry() -> CollectorRegistry:
@@ -97,7 +116,10 @@ async def serve_http(
     task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve /metrics, /healthz and /readyz until cancelled; reports the bound port."""
-    listeners = await trio.open_tcp_listeners(port, host=host)
+    try:
+        listeners = await trio.open_tcp_listeners(port, host=host)
+    except OSError as e:
+        raise ListenFailed(f"cannot serve metrics on {host}:{port} (--metrics-listen): {e}") from None
     bound = listeners[0].socket.getsockname()[1]
     log.info("metrics and health on http://%s:%s/metrics", host, bound)
     reg = registry()

@@ -24,6 +24,7 @@ from .capture import Capture, CaptureConfig
 from .client_auth import SASL_VERSIONS
 from .connection import Connections, Limits, serve_client
 from .core import Identity
+from .prelogin import PreLogin
 from .security_options import Security
 
 log = logging.getLogger("kfan.server")
@@ -142,14 +143,20 @@ def _limit_text(n: int) -> str:
 
 
 async def _listen(host: str, port: int, reuse_port: bool) -> trio.SocketListener:
-    """A listening socket; with ``reuse_port`` several processes share the port and the kernel spreads connections."""
+    """A listening socket; with ``reuse_port`` several processes share the port and the kernel spreads connections.
+
+    An address that cannot be bound is :class:`~proxy.metrics.ListenFailed`: the CLI says so in one line."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = trio.socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     if reuse_port:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-    await sock.bind((host, port))
-    sock.listen(1024)
+    try:
+        await sock.bind((host, port))
+        sock.listen(1024)
+    except OSError as e:
+        sock.close()
+        raise metrics.ListenFailed(f"cannot listen on {host}:{port} (--listen): {e}") from None
     return trio.SocketListener(sock)
 
 
@@ -201,6 +208,7 @@ async def serve(config: ServerConfig, task_status: trio.TaskStatus[Running] = tr
             registry=running.connections,
             capture=capture,
             pool=MemoryPool(config.limits.max_buffered_bytes),
+            prelogin=PreLogin(config.limits.login),
             tls=config.security.tls,
             auth=config.security.client_auth,
         )

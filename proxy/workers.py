@@ -6,7 +6,9 @@ new connections). kfan is stateless, so workers need not talk to each other.
 The parent holds the port, starts the workers, serves /metrics with every
 worker's samples summed (prometheus-client's multiprocess mode, in a private
 temporary directory), and on SIGTERM passes the signal on and waits for each
-worker to drain.
+worker to drain. Each worker's stdin is a pipe from the parent (its lifeline,
+:data:`LIFELINE_ENV`): however the parent ends, SIGKILL included,
+the workers see it close and stop, draining their clients.
 """
 
 from __future__ import annotations
@@ -27,6 +29,18 @@ import trio
 from . import config, metrics
 
 log = logging.getLogger("kfan.workers")
+
+# Set in a child's environment (the demo's `kfan cluster`, each `kfan serve
+# --workers` worker): the child then stops when its stdin reaches end of file.
+# The kfan that started it holds the other end of that pipe, and the kernel
+# closes it however kfan ends, SIGKILL included, so children never outlive it.
+# (Not PR_SET_PDEATHSIG: that fires when the *thread* that forked the child
+# exits, and trio forks from a worker thread that exits when idle.)
+LIFELINE_ENV = "KFAN_LIFELINE"
+
+# Until a reload exists (quotas-and-reload issue), a SIGHUP (a closed terminal, an
+# operator's `kill -HUP` meant as "reload") must not kill kfan undrained.
+IGNORED_SIGHUP = "received SIGHUP: ignored (kfan does not reload its configuration; restart it to change settings)"
 
 
 def _flag_value(value: Any) -> str:
@@ -71,7 +85,11 @@ def run_workers(options: dict[str, Any]) -> int:
     reserve = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
     reserve.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     reserve.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-    reserve.bind((host, port))
+    try:
+        reserve.bind((host, port))
+    except OSError as e:
+        reserve.close()
+        raise metrics.ListenFailed(f"cannot listen on {host}:{port} (--listen): {e}") from None
     port = reserve.getsockname()[1]
     metrics_dir = tempfile.mkdtemp(prefix="kfan-metrics-")
     os.environ["PROMETHEUS_MULTIPROC_DIR"] = metrics_dir
@@ -113,15 +131,17 @@ async def _supervise(options: dict[str, Any], port: int, metrics_dir: str) -> in
     async with trio.open_nursery() as nursery:
         if options["metrics_listen"] is not None:
             await nursery.start(metrics.serve_http, *options["metrics_listen"], ready)
-        with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM, signal.SIGHUP) as signals:
             for i in range(n):
                 env = {
                     **worker_environment(os.environ),
                     **worker_secrets(options),
                     "KFAN_WORKER": str(i),
                     "PROMETHEUS_MULTIPROC_DIR": metrics_dir,
+                    LIFELINE_ENV: "stdin",
                 }
-                proc = await trio.lowlevel.open_process(worker_argv(options, port), env=env, stdout=subprocess.PIPE)
+                # The worker's stdin: its lifeline, never written to; the kernel closes it when this process ends.
+                proc = await trio.lowlevel.open_process(worker_argv(options, port), env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
                 procs.append(proc)
                 nursery.start_soon(pump, proc)
 
@@ -143,6 +163,9 @@ async def _supervise(options: dict[str, Any], port: int, metrics_dir: str) -> in
             for proc in procs:
                 nursery.start_soon(watch, proc)
             async for signum in signals:
+                if signum == signal.SIGHUP:
+                    log.warning(IGNORED_SIGHUP)
+                    continue
                 log.info("received %s, stopping %d workers", signal.Signals(signum).name, n)
                 stopping.set()
                 for proc in procs:

@@ -46,6 +46,8 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("proxy.frame_io", (STDLIB, THIRD_PARTY, "proxy.kafka.*")),  # frames on trio streams: gather writes, in-place reads
     ("proxy.metrics", (STDLIB, THIRD_PARTY)),  # a leaf: the Prometheus families and the HTTP endpoint
     ("proxy.budget", (STDLIB, THIRD_PARTY, "proxy.metrics")),  # nearly a leaf: the memory a client may make kfan hold
+    ("proxy.prelogin", (STDLIB, THIRD_PARTY, "proxy.metrics", "proxy.budget")),  # what a client not logged in yet may hold
+    ("proxy.logtext", (STDLIB,)),  # a leaf: client-chosen text made safe to log
     ("proxy.capture.*", (STDLIB, THIRD_PARTY, *SHARED, "proxy.capture.*")),  # capture, pcap import, live replay
     ("spark.*", (STDLIB, THIRD_PARTY, *SHARED, "proxy.capture.*", "spark.*")),  # the Spark replay job
     (

@@ -17,7 +17,7 @@ from ..kafka.schema import Struct, encode_body, response_spec
 from ..kafka.wire import Malformed
 from .answers import decode_answer, error_body, passthrough_body, reencoded, whole
 from .identity import BROKER_RESOURCES, rewrite_config_resources
-from .plan import ANY_BROKER, Answers, Context, Destination, Failed, Forward, Plan, RefreshTopology, Reply, Response, Route
+from .plan import ANY_BROKER, Answers, Context, Destination, Failed, FoldMetadata, Forward, Plan, RefreshTopology, Reply, Response, Route
 
 
 def plan(route: Route, ctx: Context, hdr: RequestHeader, payload: memoryview, request: Struct) -> Plan:
@@ -60,6 +60,9 @@ def _rewritten(plan: Forward, payload: memoryview | bytes) -> Reply:
     spec = response_spec(hdr.api_key, hdr.api_version)
     if route.rewrite is not None:
         body, effects = route.rewrite(plan.ctx.identity, plan.request, decode_answer(hdr, payload), spec)
+        if plan.ctx.client_identity:
+            # Answered as the client: its errors are the client's, not the cluster's.
+            effects = [FoldMetadata(e.metadata, described_only=True) if isinstance(e, FoldMetadata) else e for e in effects]
         return Reply(encode_body(spec, body), effects)
     stand_in: str | None = plan.state
     if stand_in is not None:

@@ -38,6 +38,7 @@ from .plan import (
     Response,
     Route,
     SubRequest,
+    cacheable,
 )
 
 # --- which coordinator: the routes' coordinator_key column -------------------------------------------
@@ -155,7 +156,8 @@ def _plan_batch(route: Route, ctx: Context, hdr: RequestHeader, payload: memoryv
     at once (:class:`NeedCoordinators`): a request naming thousands of groups
     costs a few lookups and a few sub-requests, not thousands. Keys still
     unknown after that are answered NOT_COORDINATOR without being sent; the
-    client looks them up again.
+    client looks them up again. Keys too long to be cached are never in the
+    cache: they go to their own coordinator, looked up as they are sent.
     """
     by_destination: dict[Destination, list[Any]] = {}
     keys_of: dict[Destination, set[Coordinator]] = {}
@@ -166,8 +168,9 @@ def _plan_batch(route: Route, ctx: Context, hdr: RequestHeader, payload: memoryv
         destination: Destination = node if node is not None and node in ctx.topology.brokers else c
         if destination is c:
             unknown.add(c)
-            if ctx.coordinators_looked_up:
-                continue
+            if ctx.coordinators_looked_up and cacheable(c):
+                continue  # looked up, not found: NOT_COORDINATOR
+            # Not looked up yet, or too long a key to be kept: the I/O layer looks it up as it sends it.
         by_destination.setdefault(destination, []).append(e)
         keys_of.setdefault(destination, set()).add(c)
     if len(unknown) > 1 and not ctx.coordinators_looked_up:

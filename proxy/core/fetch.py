@@ -18,7 +18,9 @@ how a Fetch is answered lives here, as pure objects the I/O layer drives.
 - :class:`InflightFetches`: per connection, the sub-fetch in flight to each
   broker that no client answer used yet, reused by the next Fetch that asks
   the same (so a slow broker's data arrives at all while a fast one keeps
-  answering first).
+  answering first); each one it drops unused goes to its ``on_evict``, whose
+  answer nobody will read. :func:`answer_ceilings` is what a Fetch's answers may
+  hold, for the connection's budget.
 """
 
 from __future__ import annotations
@@ -512,6 +514,20 @@ class FetchWait:
         return {d: self.answers.get(d, NOT_YET) for d in self.plan.subs}
 
 
+def answer_ceilings(plan: FetchForward) -> dict[Destination, int]:
+    """The most each sub-fetch's answer holds: its ``max_bytes``, or the sum of its partitions'
+    ``partition_max_bytes`` when less (before v3, only that sum). A broker may pass it by one
+    batch (KIP-74): the answer, once in, is counted as it is."""
+    found: leader.LeaderSplit = plan.state
+    layout = found.request_layout
+    limit = found.request.get("max_bytes")
+    out: dict[Destination, int] = {}
+    for destination, sub in found.by_leader.items():
+        partitions = sum(p.get("partition_max_bytes", 0) for _, p in layout.entries(sub))
+        out[destination] = partitions if limit is None else min(limit, partitions)
+    return out
+
+
 H = TypeVar("H")
 
 
@@ -525,12 +541,20 @@ class InflightFetches(Generic[H]):
     """Per client connection, the sub-fetch out to each broker that no client answer used yet.
 
     ``done_at(handle)``: when its answer came (None: not yet), on the caller's clock.
+    ``on_evict(handle)``: a sub-fetch dropped without going to a Fetch (replaced,
+    stale, expired); the caller gives back what it holds unless a Fetch still uses it.
     """
 
-    def __init__(self, done_at: Callable[[H], float | None], ttl: float) -> None:
+    def __init__(self, done_at: Callable[[H], float | None], ttl: float, on_evict: Callable[[H], None] | None = None) -> None:
         self._done_at = done_at
         self._ttl = ttl  # how long an answered, unused sub-fetch may stand in for a new one
+        self._on_evict = on_evict
         self._by_broker: dict[int, tuple[Hashable, H, float]] = {}
+
+    def _evict(self, broker: int) -> None:
+        _, handle, _ = self._by_broker.pop(broker)
+        if self._on_evict is not None:
+            self._on_evict(handle)
 
     def reusable(self, broker: int, wanted: Hashable, now: float, hung_after: float) -> Reuse[H] | None:
         """The sub-fetch already out to ``broker`` for exactly these partitions and offsets."""
@@ -544,11 +568,34 @@ class InflightFetches(Generic[H]):
             return Reuse(handle, hung=True)
         if (done_at is None or now - done_at < self._ttl) and key == wanted:
             return Reuse(handle, hung=False)
-        del self._by_broker[broker]
+        self._evict(broker)
         return None
 
     def record(self, broker: int, key: Hashable, handle: H, now: float) -> None:
+        old = self._by_broker.get(broker)
+        if old is not None and old[1] is not handle:
+            self._evict(broker)
         self._by_broker[broker] = (key, handle, now)
+
+    def expires_at(self, broker: int, handle: H) -> float | None:
+        """When ``handle``, kept for ``broker``, may no longer stand in for a new sub-fetch (None: not kept, or no answer yet)."""
+        entry = self._by_broker.get(broker)
+        if entry is None or entry[1] is not handle:
+            return None
+        done_at = self._done_at(handle)
+        return None if done_at is None else done_at + self._ttl
+
+    def expire(self, broker: int, handle: H, now: float) -> bool:
+        """Drop ``handle`` if it is still kept for ``broker`` and its answer is past the ttl: whether it was."""
+        expires = self.expires_at(broker, handle)
+        if expires is None or now < expires:
+            return False
+        self._evict(broker)
+        return True
+
+    def kept(self, broker: int, handle: H) -> bool:
+        entry = self._by_broker.get(broker)
+        return entry is not None and entry[1] is handle
 
     def settle(self, handles: Mapping[Destination, H | Failed], answers: Mapping[Destination, BrokerAnswer]) -> None:
         """A sub-fetch whose answer went to the client is spent; one still out stays for the next Fetch."""

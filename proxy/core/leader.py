@@ -5,7 +5,9 @@ A request naming partitions is split into one sub-request per leading broker
 (client order kept within each), and the answers are merged back into one
 entry per requested partition, in the client's order. Partitions with no
 known leader are answered at once with a per-partition error, and the
-topology is refreshed. Where the partitions sit in each API's messages is the
+topology is refreshed; with the client's identity at the brokers
+(``--broker-identity client``) they go to a broker instead, which answers
+them as the client's authorization says (see :func:`_stand_in`). Where the partitions sit in each API's messages is the
 ``layout`` column of its route; Produce and Fetch add rules of their own
 (:mod:`.produce`, :mod:`.fetch`).
 """
@@ -117,6 +119,18 @@ def split(
 
         route_to = to_preferred
 
+    stand_in = _stand_in(ctx)
+    if stand_in is not None:
+        to_known = route_to
+
+        def to_known_or_stand_in(key: TopicKey, partition: int) -> int | None:
+            found = to_known(key, partition)
+            if found is None and (key, partition) not in refuse:
+                return stand_in
+            return found
+
+        route_to = to_known_or_stand_in
+
     by_leader, unroutable = layout.split(request, request_layout, route_to)
     out = LeaderSplit(request, request_layout, response_layout, by_leader, replicas=replicas)  # type: ignore[arg-type]
     for tp in unroutable:
@@ -132,6 +146,22 @@ def split(
         for tp in request_layout.keys(sub):
             out.leader_of[tp] = destination  # type: ignore[assignment]
     return out
+
+
+def _stand_in(ctx: Context) -> int | None:
+    """With the client's identity at the brokers, the broker that answers for partitions kfan cannot route
+    (a topic its own view lacks, a partition with no known leader); None: kfan answers them itself.
+
+    kfan's own view is not the client's: answering UNKNOWN_TOPIC_OR_PARTITION
+    from it would tell the client which topics exist where Kafka, with ACLs,
+    answers TOPIC_AUTHORIZATION_FAILED either way. A broker answers as the
+    client's authorization says (or NOT_LEADER_OR_FOLLOWER, and the client
+    refreshes its metadata). The lowest node id: the same broker for every
+    such partition of a request, so they cost one sub-request at most.
+    """
+    if not ctx.client_identity or not ctx.topology.brokers:
+        return None
+    return min(ctx.topology.brokers)
 
 
 def sub_requests(hdr: RequestHeader, payload: memoryview, split: LeaderSplit, expect: bool, rewritten: bool = False) -> dict:

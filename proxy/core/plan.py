@@ -61,6 +61,17 @@ class Coordinator:
     key: str
 
 
+# Group and transactional ids have no length limit in Kafka, and clients choose
+# them: a longer one is looked up each time it is used and never cached, so
+# that no client grows kfan's process-wide state with ids of its choosing.
+MAX_CACHED_KEY_CHARS = 4096
+
+
+def cacheable(c: Coordinator) -> bool:
+    """Whether a coordinator may be kept in a cache once looked up (its key is not too long)."""
+    return len(c.key) <= MAX_CACHED_KEY_CHARS
+
+
 class AnyBroker:
     """Any live broker will do: the I/O layer picks one (and another when it fails)."""
 
@@ -120,9 +131,16 @@ Watermarks = tuple[int, int, int]
 
 @dataclass(frozen=True, slots=True)
 class FoldMetadata:
-    """A Metadata answer the topology should take in."""
+    """A Metadata answer the topology should take in.
+
+    ``described_only``: it came with a client's identity (``--broker-identity
+    client``): only the topics it describes without error are taken in; its
+    errors may be that client's alone (TOPIC_AUTHORIZATION_FAILED), so they
+    remove or change nothing the topology holds for everyone.
+    """
 
     metadata: Struct
+    described_only: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -229,6 +247,9 @@ class Context:
     rack: str = ""
     # The preferred read replica a leader named for this rack and partition, while it holds (the I/O layer's store).
     read_replica: Callable[[ReadReplicaKey], int | None] = _no_read_replica
+    # The brokers see this connection as the client's own principal (--broker-identity client): what kfan's own
+    # view lacks is asked of a broker as the client, never answered from that view (which the client may not see).
+    client_identity: bool = False
 
 
 @dataclass(slots=True)

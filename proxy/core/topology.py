@@ -69,15 +69,21 @@ class Topology:
     def knows_topic(self, topic: str) -> bool:
         return topic in self.leaders
 
-    def with_metadata(self, response: Mapping[str, Any]) -> Topology:
-        """Fold a decoded Metadata response in; topics it names are replaced."""
+    def with_metadata(self, response: Mapping[str, Any], *, described_only: bool = False) -> Topology:
+        """Fold a decoded Metadata response in; topics it names are replaced.
+
+        ``described_only``: only topics it describes without error are taken
+        in; a topic it answers with an error keeps what the topology holds
+        (the answer came with a client's identity, and a topic that client may
+        not describe is still there for others).
+        """
         brokers = {b["node_id"]: Broker(b["node_id"], b["host"], b["port"], b.get("rack")) for b in response["brokers"]}
         leaders = dict(self.leaders)
         topic_ids = dict(self.topic_ids)
         isr = dict(self.isr)
         for t in response["topics"]:
             name = t.get("name")
-            if name is None:
+            if name is None or (described_only and t["error_code"] != 0):
                 continue
             if t["error_code"] != 0 and not t["partitions"]:
                 leaders.pop(name, None)
@@ -96,6 +102,13 @@ class Topology:
             controller_id=response.get("controller_id", self.controller_id),
             isr=isr,
         )
+
+    def known_ids_only(self) -> Topology:
+        """The same snapshot without the topic ids of topics it no longer holds (deleted since they were learned)."""
+        ids = {tid: name for tid, name in self.topic_ids.items() if name in self.leaders}
+        if len(ids) == len(self.topic_ids):
+            return self
+        return Topology(self.brokers, self.leaders, ids, self.cluster_id, self.controller_id, self.isr)
 
     def without_topics(self, names: Iterable[str]) -> Topology:
         gone = set(names)

@@ -23,6 +23,10 @@ MIN_RESPONSE_FRAME = 4  # correlation_id
 _SIZE = struct.Struct(">i")
 
 
+class FrameTooLarge(Malformed):
+    """A size prefix over the reader's limit (the frame is not read)."""
+
+
 def frame_parts(parts: Iterable[bytes | memoryview]) -> Parts:
     """The frame's parts: the payload's size, then the payload's own parts (the single framing point)."""
     payload = list(parts)
@@ -51,8 +55,14 @@ class FrameReader:
         self._need: int | None = None
         self._frame: bytearray | None = None  # the large frame being received in place
         self._filled = 0
+        self._skip = 0  # bytes still to come of a frame dropped unread (:meth:`skip`)
 
     def feed(self, data: bytes | bytearray | memoryview) -> None:
+        if self._skip:
+            view = memoryview(data)
+            n = min(len(view), self._skip)
+            self._skip -= n
+            data = view[n:]
         if self._frame is not None:
             view = memoryview(data)
             n = min(len(view), len(self._frame) - self._filled)
@@ -71,7 +81,32 @@ class FrameReader:
 
     def wanted(self) -> int:
         """Bytes still to come for the frame begun (0 when no frame's size is known yet)."""
+        if self._skip:
+            return self._skip
         return 0 if self._need is None else max(0, 4 + self._need - self._buffered)
+
+    def frame_head(self, n: int) -> tuple[int, bytes] | None:
+        """The size of the frame begun and its first ``n`` bytes, once they are here (None before, or
+        once it is received in place): what it is may decide whether it is worth keeping (:meth:`skip`)."""
+        if self._need is None or self._frame is not None or self._buffered < 4 + n:
+            return None
+        return self._need, self._peek(4 + n)[4:]
+
+    def skip(self) -> None:
+        """Drop the frame begun unread: its bytes buffered now, and the rest as they come."""
+        assert self._need is not None and self._frame is None
+        n = min(4 + self._need, self._buffered)
+        self._skip = 4 + self._need - n
+        self._need = None
+        self._buffered -= n
+        chunks = self._chunks
+        while n:
+            first = chunks[0]
+            if len(first) > n:
+                chunks[0] = first[n:]
+                break
+            n -= len(first)
+            chunks.popleft()
 
     def peek(self, n: int) -> bytes:
         """The first ``n`` bytes buffered (fewer if fewer are), left buffered."""
@@ -81,6 +116,8 @@ class FrameReader:
         """Where to receive the rest of the frame begun, when at least ``at_least`` bytes of it are
         still to come and the frame is at most ``at_most`` bytes (None: feed chunks). The caller
         reports what it wrote with :meth:`received`."""
+        if self._skip:
+            return None
         if self._frame is None:
             # Only once a fifth of the frame is here: a size prefix alone must
             # not make kfan allocate what the sender may never send.
@@ -111,7 +148,9 @@ class FrameReader:
             if self._buffered < 4:
                 return None
             size = _SIZE.unpack(self._peek(4))[0]
-            if size < self.min_frame_bytes or size > self.max_frame_bytes:
+            if size > self.max_frame_bytes:
+                raise FrameTooLarge(f"frame size {size} outside [{self.min_frame_bytes}, {self.max_frame_bytes}]")
+            if size < self.min_frame_bytes:
                 raise Malformed(f"frame size {size} outside [{self.min_frame_bytes}, {self.max_frame_bytes}]")
             self._need = size
         need = self._need

@@ -72,6 +72,19 @@ class TokenValidator:
         self.audience = audience
         self.leeway = leeway
 
+    def current(self) -> TokenValidator:
+        """This validator over the key set as it is now: for checks in a worker thread, which must not re-read the JWKS file."""
+        try:
+            keys = self._jwks()
+        except Exception as e:
+            failure = e
+
+            def jwks() -> jwt.PyJWKSet:
+                raise failure
+
+            return TokenValidator(jwks, issuer=self.issuer, audience=self.audience, leeway=self.leeway)
+        return TokenValidator(lambda: keys, issuer=self.issuer, audience=self.audience, leeway=self.leeway)
+
     def validate(self, token: str) -> tuple[str, float | None]:
         """(subject, expiry as a unix time); SaslError with a reason fit for logs (never the token) otherwise."""
         try:

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 from scramp import ScramClient, ScramException, ScramMechanism
 from scramp.utils import ServerError
 
-from proxy.security.users import MIN_ITERATIONS, SCRAM_MECHANISMS, Users
+from proxy.security.users import MIN_ITERATIONS, SCRAM_MECHANISMS, Users, VerifiedPasswords
 
 if TYPE_CHECKING:
     from proxy.security.oauth import TokenValidator
@@ -38,8 +38,24 @@ _OAUTH_MESSAGE = re.compile(
 )
 _OAUTH_AUTH = re.compile(r"(?P<scheme>\w+) +(?P<token>[-_~+/.a-zA-Z0-9]+=*)", re.ASCII)
 
+# What a client may send to log in, checked on the bytes as they came, before
+# scramp, the JWT library or the PLAIN parser sees them: anything larger is an
+# authentication failure that costs a length check. scramp prepares a SCRAM user
+# name (SASLprep, RFC 4013) in pure Python, on the order of a microsecond and a half
+# a character: one client-first message with a 20 MB name held the event loop, and
+# every client with it, for 35 s. Real names are a few dozen bytes, real JWTs a few KiB.
+MAX_USER_NAME_BYTES = 1024  # SCRAM's n= and a= attributes, PLAIN's authcid and authzid, as sent (escaped)
+MAX_TOKEN_BYTES = 64 * 1024  # an OAUTHBEARER token
+# A whole SaslAuthenticate auth_bytes: the largest token with room for its framing
+# (RFC 7628's gs2 header, key=value pairs) and a PLAIN password of a few KiB.
+MAX_AUTH_BYTES = MAX_TOKEN_BYTES + 4 * 1024
+
 # One reason for both a wrong password and an unknown user: the client must not learn which names exist.
 BAD_CREDENTIALS = "invalid user name or password"
+
+# PLAIN passwords kept (as keyed hashes) once verified: a client that logs in
+# over and over costs one PBKDF2 derivation, not one a login.
+VERIFIED_PASSWORDS = 1024
 
 
 class SaslError(Exception):
@@ -162,7 +178,7 @@ class ServerExchange:
         if self._done:
             return _failed("exchange already finished")
         try:
-            result = self._step(client_bytes)
+            result = self._oversized(client_bytes) or self._step(client_bytes)
         except Exception as e:
             # Whatever a client sends must end in an authentication failure, never in a dead connection task.
             result = _failed(f"{self.mechanism}: internal error ({type(e).__name__})")
@@ -170,14 +186,36 @@ class ServerExchange:
             self._done = True
         return result
 
+    def _oversized(self, client_bytes: bytes) -> ServerStep | None:
+        """A failure if ``client_bytes`` is over a bound, found without decoding or parsing them; else None."""
+        if len(client_bytes) > MAX_AUTH_BYTES:
+            return _failed(f"{self.mechanism} message of {len(client_bytes)} bytes, over the {MAX_AUTH_BYTES} allowed")
+        return None
+
     def _step(self, client_bytes: bytes) -> ServerStep:
         raise NotImplementedError
 
 
+def _long_name(field: str, value: bytes) -> ServerStep | None:
+    if len(value) > MAX_USER_NAME_BYTES:
+        return _failed(f"{field} of {len(value)} bytes, over the {MAX_USER_NAME_BYTES} allowed")
+    return None
+
+
 class _PlainServer(ServerExchange):
-    def __init__(self, users: Callable[[], Users] | None) -> None:
+    def __init__(self, users: Callable[[], Users] | None, verified: VerifiedPasswords | None = None) -> None:
         super().__init__(PLAIN)
         self._users = users  # None: accept anything well-formed, the brokers check the replayed credentials
+        self._verified = verified
+
+    def _oversized(self, client_bytes: bytes) -> ServerStep | None:
+        if too_big := super()._oversized(client_bytes):
+            return too_big
+        # message = [authzid] NUL authcid NUL passwd (RFC 4616 section 2)
+        parts = client_bytes.split(b"\0", 2)
+        if len(parts) == 3:
+            return _long_name("PLAIN authorization id", parts[0]) or _long_name("PLAIN user name", parts[1])
+        return None
 
     def _step(self, client_bytes: bytes) -> ServerStep:
         try:
@@ -187,12 +225,12 @@ class _PlainServer(ServerExchange):
         if len(parts) != 3:
             return _failed("malformed PLAIN message")
         authzid, authcid, password = parts
-        self.claimed = authcid[:256] or None
+        self.claimed = authcid or None
         if not authcid or not password:
             return _failed("PLAIN message lacks a user name or password")
         if authzid and authzid != authcid:
             return _failed("PLAIN authorization id differs from the user name")
-        if self._users is not None and not self._users().check_password(authcid, password):
+        if self._users is not None and not self._users().check_password(authcid, password, self._verified):
             return _failed(BAD_CREDENTIALS)
         return ServerStep(b"", True, principal=authcid, credentials=Credentials(PLAIN, authcid, password))
 
@@ -218,6 +256,16 @@ class _ScramServer(ServerExchange):
         size = SCRAM_MECHANISMS[self.mechanism]().digest_size
         salt = hmac.digest(self._decoy_key, f"{self.mechanism}\0{name}".encode(), hashlib.sha256)
         return salt, bytes(size), bytes(size), MIN_ITERATIONS
+
+    def _oversized(self, client_bytes: bytes) -> ServerStep | None:
+        if too_big := super()._oversized(client_bytes):
+            return too_big
+        if self._first:
+            # client-first-message = gs2-cbind-flag "," [ "a=" authzid ] "," "n=" username "," "r=" nonce ... (RFC 5802 section 7)
+            parts = client_bytes.split(b",", 3)
+            if len(parts) >= 3:
+                return _long_name(f"{self.mechanism} authorization id", parts[1]) or _long_name(f"{self.mechanism} user name", parts[2])
+        return None
 
     def _step(self, client_bytes: bytes) -> ServerStep:
         try:
@@ -275,6 +323,8 @@ class _OAuthBearerServer(ServerExchange):
         if auth is None or auth["scheme"].lower() != "bearer":
             return _failed("OAUTHBEARER message has no auth=Bearer <token>")
         token = auth["token"]
+        if len(token) > MAX_TOKEN_BYTES:
+            return _failed(f"OAUTHBEARER token of {len(token)} bytes, over the {MAX_TOKEN_BYTES} allowed")
         try:
             subject, expires_at = self._tokens.validate(token)
         except SaslError as e:
@@ -311,15 +361,34 @@ class Authenticator:
         self._check_users = check_users
         # Keys the made-up credentials of unknown SCRAM users: fixed for this process, unguessable outside it.
         self._decoy_key = secrets.token_bytes(32)
+        self.verified = VerifiedPasswords(VERIFIED_PASSWORDS)
 
     def start(self, mechanism: str) -> ServerExchange | None:
-        """A new exchange, or None if ``mechanism`` is not enabled (the caller answers with ``self.mechanisms``)."""
+        """A new exchange, or None if ``mechanism`` is not enabled (the caller answers with ``self.mechanisms``).
+
+        The exchange checks against the users file and the JWKS as they are now:
+        its steps may run in a worker thread, which must not re-read those files.
+        """
         if mechanism not in self.mechanisms:
             return None
         if mechanism == PLAIN:
-            return _PlainServer(self._users if self._check_users else None)
+            return _PlainServer(_now(self._users) if self._users is not None and self._check_users else None, self.verified)
         if mechanism == OAUTHBEARER:
             assert self._tokens is not None
-            return _OAuthBearerServer(self._tokens)
+            return _OAuthBearerServer(self._tokens.current())
         assert self._users is not None
-        return _ScramServer(mechanism, self._users, self._decoy_key)
+        return _ScramServer(mechanism, _now(self._users), self._decoy_key)
+
+
+def _now(users: Callable[[], Users]) -> Callable[[], Users]:
+    """``users`` as it is now, read on the event loop; a source that fails fails the exchange's step, not its start."""
+    try:
+        current = users()
+    except Exception as e:
+        failure = e
+
+        def failing() -> Users:
+            raise failure
+
+        return failing
+    return lambda: current

@@ -16,10 +16,13 @@ import json
 import os
 import secrets
 import tempfile
+import threading
 import unicodedata
+from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from hmac import compare_digest
+from hmac import new as hmac_new
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
@@ -127,6 +130,59 @@ def _check_credential(name: str, mechanism: str, cred: ScramCredential) -> None:
 _DECOY = ScramCredential(secrets.token_bytes(SALT_LENGTH), b"", b"", MIN_ITERATIONS)
 
 
+class VerifiedPasswords:
+    """PLAIN passwords lately found to match their user's stored credential, so a client that logs
+    in again and again costs one PBKDF2 derivation, not one a login.
+
+    The newest ``size`` are kept (least recently used go first). Each is held as an
+    HMAC-SHA256, under a key made for this process, of the user name, the password and
+    the whole credential it matched: no password is kept, a dump of the memory cannot be
+    searched offline without the key, and a changed credential (a new users file)
+    matches none of its old entries. Only successes are kept: a wrong password is
+    derived every time. Safe to use from several threads.
+    """
+
+    def __init__(self, size: int = 1024) -> None:
+        self.size = size
+        self._key = secrets.token_bytes(32)
+        self._seen: OrderedDict[bytes, None] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return len(self._seen)
+
+    def _digest(self, name: str, password: str, mechanism: str, cred: ScramCredential) -> bytes:
+        mac = hmac_new(self._key, digestmod=hashlib.sha256)
+        parts = (
+            name.encode(),
+            password.encode(),
+            mechanism.encode(),
+            cred.salt,
+            cred.stored_key,
+            cred.server_key,
+            str(cred.iterations).encode(),
+        )
+        for part in parts:  # each one length-prefixed: no two different tuples give the same input
+            mac.update(len(part).to_bytes(8, "big") + part)
+        return mac.digest()
+
+    def holds(self, name: str, password: str, mechanism: str, cred: ScramCredential) -> bool:
+        digest = self._digest(name, password, mechanism, cred)
+        with self._lock:
+            if digest not in self._seen:
+                return False
+            self._seen.move_to_end(digest)
+            return True
+
+    def add(self, name: str, password: str, mechanism: str, cred: ScramCredential) -> None:
+        digest = self._digest(name, password, mechanism, cred)
+        with self._lock:
+            self._seen[digest] = None
+            self._seen.move_to_end(digest)
+            while len(self._seen) > self.size:
+                self._seen.popitem(last=False)
+
+
 class Users(Mapping[str, Mapping[str, ScramCredential]]):
     """An immutable map: user name -> {mechanism: ScramCredential}."""
 
@@ -154,15 +210,23 @@ class Users(Mapping[str, Mapping[str, ScramCredential]]):
     def scram(self, name: str, mechanism: str) -> ScramCredential | None:
         return self._users.get(name, {}).get(mechanism)
 
-    def check_password(self, name: str, password: str) -> bool:
-        """Whether ``password`` is ``name``'s, checked against the user's first SCRAM credential (PLAIN has none of its own)."""
+    def check_password(self, name: str, password: str, verified: VerifiedPasswords | None = None) -> bool:
+        """Whether ``password`` is ``name``'s, checked against the user's first SCRAM credential (PLAIN has none of its own).
+
+        With ``verified``, a password it holds for that very credential is taken without deriving it again.
+        """
         creds = self._users.get(name, {})
         mechanism = next((m for m in SCRAM_MECHANISMS if m in creds), None)
         if mechanism is None:
             derive("SCRAM-SHA-256", password, _DECOY.salt, _DECOY.iterations)
             return False
         cred = creds[mechanism]
-        return compare_digest(derive(mechanism, password, cred.salt, cred.iterations).stored_key, cred.stored_key)
+        if verified is not None and verified.holds(name, password, mechanism, cred):
+            return True
+        ok = compare_digest(derive(mechanism, password, cred.salt, cred.iterations).stored_key, cred.stored_key)
+        if ok and verified is not None:
+            verified.add(name, password, mechanism, cred)
+        return ok
 
     @classmethod
     def load(cls, path: Path) -> Users:

@@ -36,6 +36,10 @@ only when filled. Produce with acks=0 expects no answer and gets no entry
 (the mock answers acks=0 Produce all the same) is relayed as it arrives:
 the broker answers in order, so everything before it has been filled by then.
 
+``--log-requests``: every request relayed to the broker is logged too
+("request", with its principal, api_key and client_id): which identity each
+request reached the broker as.
+
 ``--proxy-protocol``: connections may start with a PROXY protocol v1 line
 (stunnel's ``protocol = proxy``); the "peer" logged is then the TLS client's
 address, not stunnel's. Connections without one are served too.
@@ -340,6 +344,8 @@ class Connection:
             self.log("refused", principal=self.principal, mechanism=self.mechanism, api_key=api_key, api_version=version, reason=reason)
             self.close()
             return False
+        if self.front.log_requests:
+            self.log("request", principal=self.principal, mechanism=self.mechanism, api_key=api_key, api_version=version)
         await self.forward(payload, api_key, version, cid)
         return True
 
@@ -469,6 +475,7 @@ class Front:
         self.session_lifetime_ms = session_lifetime_ms
         self.log_file = log_file
         self.proxy_protocol = proxy_protocol
+        self.log_requests = False
         self.connections = 0
 
     def log(self, event: str, **fields: Any) -> None:
@@ -575,6 +582,7 @@ async def serve(args: argparse.Namespace) -> None:
     host, port = _address(args.listen)
     with open(args.log, "a", encoding="utf-8") as log_file:
         front = Front(_address(args.upstream), auth, args.session_lifetime_ms, log_file, args.proxy_protocol)
+        front.log_requests = args.log_requests
         listeners = await trio.open_tcp_listeners(port, host=host)
         bound = listeners[0].socket.getsockname()
         print(f"sasl_front: listening on {bound[0]}:{bound[1]} -> {args.upstream} ({','.join(mechanisms)})", flush=True)
@@ -593,6 +601,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--session-lifetime-ms", type=int, default=None)
     p.add_argument("--proxy-protocol", action="store_true", help="read a PROXY protocol v1 line when a connection starts with one")
     p.add_argument("--log", required=True, help="JSON-lines event log (appended)")
+    p.add_argument("--log-requests", action="store_true", help="log every relayed request with the principal it came as")
     args = p.parse_args(argv)
     try:
         trio.run(serve, args)

@@ -58,7 +58,10 @@ class SecureCluster:
         mtls: bool = False,
         client_cn: str = "kfan",
         users: dict[str, str] | None = None,
+        log_requests: bool = False,
     ) -> None:
+        """``log_requests``: the fronts log every request they relay, with its principal ("request" events)."""
+        self.log_requests = log_requests
         self.workdir = Path(workdir).resolve()
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.mechanisms = list(mechanisms)
@@ -112,6 +115,8 @@ class SecureCluster:
             cmd = [sys.executable, "-m", "tests.support.sasl_front", "--listen", "127.0.0.1:0", "--upstream", f"{host}:{port}"]
             cmd += ["--users", str(users_file), "--mechanisms", ",".join(self.mechanisms), "--jwks", str(self.jwks_file)]
             cmd += ["--log", str(events), "--proxy-protocol"]
+            if self.log_requests:
+                cmd += ["--log-requests"]
             if self.session_lifetime_ms is not None:
                 cmd += ["--session-lifetime-ms", str(self.session_lifetime_ms)]
             self.front_processes[broker] = subprocess.Popen(

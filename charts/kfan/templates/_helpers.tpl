@@ -297,8 +297,10 @@ KFAN_METRICS_LISTEN binds the parent's metrics port and dies.
   "KFAN_CLIENT_OAUTH_CLOCK_SKEW" "clientAuth.oauth.clockSkewSeconds"
   "KFAN_CLIENT_SESSION_LIFETIME" "clientAuth.sessionLifetimeSeconds"
   "KFAN_CLIENT_AUTH_FAILURE_DELAY" "clientAuth.failureDelaySeconds"
+  "KFAN_CLIENT_AUTH_MAX_RECEIVE_BYTES" "clientAuth.maxReceiveBytes"
+  "KFAN_CLIENT_AUTH_TIMEOUT" "clientAuth.timeoutSeconds"
 -}}
-{{- $extraAllowed := list "KFAN_MAX_FRAME_BYTES" "KFAN_MAX_INFLIGHT" "KFAN_MAX_CONNECTION_BYTES" "KFAN_MAX_BUFFERED_BYTES" "KFAN_MAX_CONNECTIONS" "KFAN_MAX_HOLD" "KFAN_IDLE_TIMEOUT" "KFAN_FRAME_TIMEOUT" "KFAN_REQUEST_TIMEOUT" "KFAN_METADATA_REFRESH" "KFAN_CAPTURE" "KFAN_CAPTURE_SAMPLE" "KFAN_CAPTURE_RECORDS" "KFAN_VALIDATE_RECORDS" "KFAN_FETCH_AHEAD_BYTES" "KFAN_READ_REPLICA_MAX_AGE" -}}
+{{- $extraAllowed := list "KFAN_MAX_FRAME_BYTES" "KFAN_MAX_INFLIGHT" "KFAN_MAX_CONNECTION_BYTES" "KFAN_MAX_BUFFERED_BYTES" "KFAN_MAX_CONNECTIONS" "KFAN_MAX_HOLD" "KFAN_IDLE_TIMEOUT" "KFAN_FRAME_TIMEOUT" "KFAN_REQUEST_TIMEOUT" "KFAN_METADATA_REFRESH" "KFAN_CAPTURE" "KFAN_CAPTURE_SAMPLE" "KFAN_CAPTURE_RECORDS" "KFAN_VALIDATE_RECORDS" "KFAN_FETCH_AHEAD_BYTES" "KFAN_READ_REPLICA_MAX_AGE" "KFAN_MAX_UNAUTHENTICATED_PER_ADDRESS" "KFAN_MAX_UNAUTHENTICATED_BYTES" -}}
 {{- $env := dict
   "KFAN_BOOTSTRAP" (include "kfan.bootstrap" .)
   "KFAN_ADVERTISE" (include "kfan.advertise" .)
@@ -375,6 +377,8 @@ KFAN_METRICS_LISTEN binds the parent's metrics port and dies.
 {{- end }}
 {{- $_ := set $env "KFAN_CLIENT_SESSION_LIFETIME" (toString $auth.sessionLifetimeSeconds) }}
 {{- $_ := set $env "KFAN_CLIENT_AUTH_FAILURE_DELAY" (toString $auth.failureDelaySeconds) }}
+{{- $_ := set $env "KFAN_CLIENT_AUTH_MAX_RECEIVE_BYTES" (toString (int $auth.maxReceiveBytes)) }}
+{{- $_ := set $env "KFAN_CLIENT_AUTH_TIMEOUT" (toString $auth.timeoutSeconds) }}
 {{- end }}
 {{- with .Values.configFile }}
 {{- $_ := set $env "KFAN_CONFIG" "/etc/kfan/config/kfan.toml" }}
