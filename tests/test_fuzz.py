@@ -26,7 +26,7 @@ from proxy.kafka import apis, errors, schema
 from proxy.kafka.frames import FrameReader
 from proxy.kafka.headers import parse_request_header, response_body_offset
 from proxy.kafka.wire import Malformed
-from tests.fuzz import broker_answers, client_frames, mutate, sasl
+from tests.fuzz import broker_answers, client_frames, held_state, mutate, sasl
 from tests.fuzz.harness import Broken, Tally, check
 from tests.support import oracle
 
@@ -91,6 +91,16 @@ def test_sasl_logins_raise_only_what_closes_a_connection() -> None:
     tally = Tally()
     sasl.campaign(SEED, range(4000), tally)
     assert min(tally.inputs[t] for t in (sasl.SERVER, sasl.CLIENT, sasl.SESSION)) > 800
+    _assert_clean(tally)
+
+
+def test_state_clients_grow_stays_bounded_and_loses_nothing() -> None:
+    """Client-chosen cache keys (up to megabytes) and unread, pipelined, late-answered Fetches, in random
+    orders: the coordinator cache stays within its bounds and counts its bytes exactly, and no sub-fetch
+    kept for a client's next Fetch is dropped without being handed back or reported evicted."""
+    tally = Tally()
+    held_state.campaign(SEED, range(1000), tally)
+    assert min(tally.inputs[t] for t in (held_state.CACHE, held_state.INFLIGHT)) == 1000
     _assert_clean(tally)
 
 

@@ -1,8 +1,8 @@
-"""A long fuzz campaign: ``python -m tests.fuzz --cases N [--answers M] [--sasl L] [--seed S] [--seconds T] [--jobs J]``.
+"""A long fuzz campaign: ``python -m tests.fuzz --cases N [--answers M] [--sasl L] [--held H] [--seed S] [--seconds T] [--jobs J]``.
 
 Runs N client-frame cases (target a), M broker-answer cases (target b, one in
 eight on the control plane's decoders), SASL logins both ways (target c',
-``--sasl``) and, unless ``--no-large``, one pass of
+``--sasl``), state clients grow (target d: caches, kept sub-fetches, ``--held``) and, unless ``--no-large``, one pass of
 huge valid requests (quadratic work). Cases are split over J processes; case
 ``i`` of seed ``S`` is the same input whatever J is. Prints the inputs tried
 per target, every distinct finding with its first reproducers (hex) and a
@@ -19,7 +19,7 @@ import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
 
-from . import broker_answers, client_frames, sasl
+from . import broker_answers, client_frames, held_state, sasl
 from .harness import HANG_SECONDS, SLOW_SECONDS, Tally
 
 
@@ -34,6 +34,8 @@ def _work(job: tuple[str, str, int, int, int, float | None, float]) -> tuple[Tal
         broker_answers.campaign(seed, indexes, tally, hang, deadline)
     elif target == "sasl":
         sasl.campaign(seed, indexes, tally, hang, deadline)
+    elif target == "held":
+        held_state.campaign(seed, indexes, tally, hang, deadline)
     else:
         broker_answers.large_campaign(tally, hang)
     return tally, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
@@ -44,6 +46,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--cases", type=int, default=None, help="client-frame cases (target a); default 200000, unbounded with --seconds")
     p.add_argument("--answers", type=int, default=None, help="broker-answer cases (target b); default: cases / 4")
     p.add_argument("--sasl", type=int, default=None, help="SASL cases (target c': logins both ways); default: cases / 20")
+    p.add_argument("--held", type=int, default=None, help="held-state cases (target d: caches, kept sub-fetches); default: cases / 20")
     p.add_argument("--seed", default="0", help="campaign seed (any string)")
     p.add_argument(
         "--seconds", type=float, default=None, help="stop each target's cases after this long (the huge-request pass is not cut short)"
@@ -56,15 +59,18 @@ def main(argv: list[str] | None = None) -> int:
     cases = args.cases if args.cases is not None else (10**12 if args.seconds is not None else 200_000)
     answers = args.answers if args.answers is not None else cases // 4
     logins = args.sasl if args.sasl is not None else cases // 20
+    held = args.held if args.held is not None else cases // 20
     jobs = max(1, args.jobs)
     work: list[tuple[str, str, int, int, int, float | None, float]] = []
     if not args.no_large:
         work.append(("large", args.seed, 0, 0, 1, None, args.hang))  # first: it overlaps the rest
-    for target, n in (("client", cases), ("answers", answers), ("sasl", logins)):
+    for target, n in (("client", cases), ("answers", answers), ("sasl", logins), ("held", held)):
         if n > 0:
             work.extend((target, args.seed, j, n, jobs, args.seconds, args.hang) for j in range(jobs))
     counts = (
-        f"{cases} client cases, {answers} answer cases, {logins} SASL cases" if args.cases is not None or args.seconds is None else "cases"
+        f"{cases} client cases, {answers} answer cases, {logins} SASL cases, {held} held-state cases"
+        if args.cases is not None or args.seconds is None
+        else "cases"
     )
     limit = f" (at most {args.seconds} s per target)" if args.seconds is not None else ""
     print(

@@ -28,9 +28,10 @@ from typing import Any
 
 from proxy.core import FetchForward, Forward, LocalReply, NeedCoordinators, Plan, Unsupported
 from proxy.kafka import schema
-from proxy.kafka.frames import FrameReader, frame
+from proxy.kafka.frames import DEFAULT_MAX_FRAME_BYTES, FrameReader, frame
 from proxy.kafka.headers import parse_request_header, peek_request, request_head
 from proxy.kafka.wire import Malformed
+from proxy.prelogin import PreLoginLimits
 
 from .harness import HANG_SECONDS, Broken, Tally, api_label, check
 from .mutate import mutate, reshape_request, valid_requests
@@ -81,8 +82,11 @@ def check_plan(plan: Plan) -> None:
             raise Broken(f"sub-request for {target!r} has header {hdr}")
 
 
+# Before login a client's frames are capped much lower (Kafka's sasl.server.max.receive.size):
+# every fourth case is read so, and sizes around that cap and a 20 MB SCRAM user name's are among the lies.
+PRELOGIN_CAP = PreLoginLimits().max_receive_bytes
 # Size prefixes that lie.
-_BAD_SIZES = (-1, -0x80000000, 0, 3, 7, 0x7FFFFFFF, 100 * 1024 * 1024 + 1)
+_BAD_SIZES = (-1, -0x80000000, 0, 3, 7, 0x7FFFFFFF, 100 * 1024 * 1024 + 1, PRELOGIN_CAP, PRELOGIN_CAP + 1, 20 * 1024 * 1024)
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,12 +131,19 @@ def make_case(rng: random.Random, corpus: list[bytes]) -> ClientCase:
 
 def run_case(case: ClientCase, tally: Tally, index: int, hang_seconds: float = HANG_SECONDS) -> None:
     """Feed the stream as a connection would: frames out of the reader as they complete, each planned."""
-    reader = FrameReader()
+    reader = FrameReader(PRELOGIN_CAP if index % 4 == 0 else DEFAULT_MAX_FRAME_BYTES)
     tally.count(READER)
     pos = 0
     for i, n in enumerate(case.chunks):
         # Every other chunk is received in place when the reader offers a frame's buffer, as the connection does.
-        buffer = reader.receive_buffer(1, 1 << 30) if i % 2 else None
+        buffer = None
+        if i % 2:
+            ok, buffer = check(
+                tally, READER, index, lambda: {"stream": case.stream.hex(), "chunks": ",".join(map(str, case.chunks))}, (),
+                lambda: _offered_buffer(reader), hang_seconds=hang_seconds, label=lambda: "FrameReader",
+            )  # fmt: skip
+            if not ok:
+                return
         if buffer is not None:
             n = min(n, len(buffer))
             buffer[:n] = case.stream[pos : pos + n]
@@ -156,6 +167,14 @@ def run_case(case: ClientCase, tally: Tally, index: int, hang_seconds: float = H
             if payload is None:
                 break
             fuzz_plan(tally, PLANNER, index, payload, hang_seconds)
+
+
+def _offered_buffer(reader: FrameReader) -> memoryview | None:
+    """The buffer the reader offers for the frame begun; never one past its cap (a size prefix must not allocate that)."""
+    buffer = reader.receive_buffer(1, 1 << 30)
+    if buffer is not None and len(buffer) > 4 + reader.max_frame_bytes:
+        raise Broken(f"a {len(buffer)}-byte buffer offered past the cap of {reader.max_frame_bytes}")
+    return buffer
 
 
 def fuzz_plan(tally: Tally, target: str, index: int, request: bytes, hang_seconds: float) -> tuple[bool, Any]:

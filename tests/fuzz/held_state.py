@@ -1,0 +1,149 @@
+"""Fuzz target (d): state that clients grow with what they choose, under random sequences of operations.
+
+* ``coordinator_cache`` — group and transactional ids of random lengths (some
+  of megabytes), from a few scopes (kfan's own, client connections'), put,
+  read and dropped in any order on :class:`backends.coordinators.CoordinatorCache`:
+  it never holds more entries or bytes than its bounds, its byte count is
+  exactly what its entries cost, and a key too long to cache is never kept.
+* ``inflight_fetches`` — a client's Fetches as kfan sees them, pipelined and
+  left unread: sub-fetches recorded, reused, answered late, settled, expired
+  and replaced at random times on :class:`proxy.core.fetch.InflightFetches`.
+  Every sub-fetch it stops holding is either handed back to its caller
+  (settled, reused as hung) or reported evicted, once: none is dropped
+  silently, or the bytes of its answer would stay counted (or uncounted) for ever;
+  and it holds at most one per broker.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Callable
+
+from backends.coordinators import CoordinatorCache, entry_bytes
+from proxy.core import NOT_YET, Coordinator, Failed, KeyType
+from proxy.core.fetch import InflightFetches
+from proxy.core.plan import MAX_CACHED_KEY_CHARS, cacheable
+
+from .harness import HANG_SECONDS, Broken, Tally, check
+
+CACHE, INFLIGHT = "coordinator_cache", "inflight_fetches"
+_KEY_LENGTHS = (0, 1, 10, 255, MAX_CACHED_KEY_CHARS - 1, MAX_CACHED_KEY_CHARS, MAX_CACHED_KEY_CHARS + 1, 100_000, 2 * 1024 * 1024)
+
+
+def _cache_case(rng: random.Random) -> None:
+    cache = CoordinatorCache(max_entries=rng.choice((1, 5, 50)), max_bytes=rng.choice((400, 5_000, 60_000)))
+    scopes = (None, "client-1", "client-2")
+    keys: list[Coordinator] = []
+    for _ in range(rng.randint(1, 60)):
+        roll = rng.random()
+        if roll < 0.5 or not keys:
+            size = rng.choice(_KEY_LENGTHS) if rng.random() < 0.3 else rng.randint(0, 300)
+            c = Coordinator(rng.choice(list(KeyType)), "k" * size + str(rng.randint(0, 20)))
+            keys.append(c)
+            scope = rng.choice(scopes)
+            cache.put(scope, c, rng.randint(-1, 5), float(rng.randint(0, 1000)))
+            kept = cache.get(scope, c) is not None
+            fits = entry_bytes(c) <= cache.max_bytes
+            if cacheable(c) and fits and not kept:
+                raise Broken(f"a {len(c.key)}-character key just put is not kept")
+            if not cacheable(c) and kept:
+                raise Broken(f"a {len(c.key)}-character key was kept (over {MAX_CACHED_KEY_CHARS})")
+        elif roll < 0.8:
+            cache.get(rng.choice(scopes), rng.choice(keys))
+        else:
+            cache.pop(rng.choice(scopes), rng.choice(keys))
+        entries = cache.entries()
+        if len(entries) > cache.max_entries:
+            raise Broken(f"{len(entries)} entries over the bound of {cache.max_entries}")
+        counted = sum(entry_bytes(c) for _, c in entries)
+        if cache.bytes != counted:
+            raise Broken(f"the cache counts {cache.bytes} bytes, its entries cost {counted}")
+        if cache.bytes > cache.max_bytes:
+            raise Broken(f"{cache.bytes} bytes over the bound of {cache.max_bytes}")
+
+
+class _Sub:
+    """A sub-fetch's handle: when its answer came (None: not yet)."""
+
+    __slots__ = ("done_at", "n")
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+        self.done_at: float | None = None
+
+
+def _inflight_case(rng: random.Random) -> None:
+    evicted: list[_Sub] = []
+    fetches = InflightFetches[_Sub](lambda h: h.done_at, ttl=1.0, on_evict=evicted.append)
+    brokers = range(rng.randint(1, 4))
+    keys = ("a", "b", "c")
+    now = 0.0
+    live: set[int] = set()  # handles recorded and not yet handed back or evicted
+    handed_back: set[int] = set()
+    subs: list[_Sub] = []
+    for _ in range(rng.randint(1, 80)):
+        now += rng.choice((0.0, 0.01, 0.3, 1.2, 40.0))
+        roll = rng.random()
+        broker = rng.choice(brokers)
+        if roll < 0.35:  # a Fetch (or a fetch sent ahead) sends a new sub-fetch
+            sub = _Sub(len(subs))
+            subs.append(sub)
+            fetches.record(broker, rng.choice(keys), sub, now)
+            live.add(sub.n)
+        elif roll < 0.55 and subs:  # a broker answers, maybe late
+            sub = rng.choice(subs)
+            if sub.done_at is None:
+                sub.done_at = now
+        elif roll < 0.75:  # the next Fetch looks for one to reuse
+            reuse = fetches.reusable(broker, rng.choice(keys), now, hung_after=30.0)
+            if reuse is not None and reuse.hung:
+                handed_back.add(reuse.handle.n)
+                live.discard(reuse.handle.n)
+        elif roll < 0.9 and subs:  # a Fetch is answered: what it used is spent, what is still out stays
+            sub = rng.choice(subs)
+            answered = rng.random() < 0.5
+            before = fetches.kept(broker, sub)
+            fetches.settle({broker: sub}, {broker: b"answer" if answered else NOT_YET})
+            if before and not fetches.kept(broker, sub):
+                handed_back.add(sub.n)
+                live.discard(sub.n)
+        elif subs:  # its time is up
+            sub = rng.choice(subs)
+            fetches.expire(broker, sub, now)
+        for sub in evicted:
+            if sub.n not in live:
+                raise Broken(f"sub-fetch {sub.n} evicted twice, or after it was handed back")
+            live.discard(sub.n)
+        evicted.clear()
+        if len(fetches) > len(brokers):
+            raise Broken(f"{len(fetches)} sub-fetches held for {len(brokers)} brokers")
+        held = {s.n for s in subs if any(fetches.kept(b, s) for b in brokers)}
+        if held != live:
+            raise Broken(f"held {sorted(held)}, but {sorted(live - held)} went without being evicted or handed back")
+    # A Failed handle is never recorded (it has no answer to hold); settling one is harmless.
+    fetches.settle({0: Failed(0)}, {0: b""})
+
+
+def campaign(seed: int | str, indexes: range, tally: Tally, hang_seconds: float = HANG_SECONDS, deadline: float | None = None) -> None:
+    for i in indexes:
+        if deadline is not None and time.monotonic() > deadline:
+            return
+        for target, case in ((CACHE, _cache_case), (INFLIGHT, _inflight_case)):
+            run_case(target, case, seed, i, tally, hang_seconds)
+
+
+def run_case(target: str, case: Callable[[random.Random], None], seed: int | str, i: int, tally: Tally, hang_seconds: float) -> None:
+    """One case of ``target``: its operations come from a generator seeded by the campaign's seed and the case's index."""
+    tally.count(target)
+    rng = random.Random(f"{target} {seed} {i}")
+    check(
+        tally,
+        target,
+        i,
+        lambda: {"seed": str(seed), "case": str(i)},
+        (),
+        lambda: case(rng),
+        hang_seconds=hang_seconds,
+        label=lambda: target,
+    )
