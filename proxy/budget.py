@@ -43,6 +43,7 @@ class MemoryPool:
     def __init__(self, limit: int) -> None:
         self.limit = limit
         self.used = 0
+        self.reserved = 0  # room the connections set aside for answers on their way (not in the metric)
         self._freed = _Freed()
 
     def add(self, n: int) -> None:
@@ -55,8 +56,21 @@ class MemoryPool:
         if n > 0:
             self._freed.notify()
 
+    def has_room(self, n: int) -> bool:
+        """Whether ``n`` more bytes fit the cap beside what is held and set aside."""
+        return self.used + self.reserved + n <= self.limit
+
+    def unreserve(self, n: int) -> None:
+        self.reserved -= n
+        if n > 0:
+            self._freed.notify()
+
     def may_read(self, holding: int) -> bool:
         return self.used < self.limit or holding < POOL_FLOOR
+
+    async def freed(self) -> None:
+        """Until bytes held or set aside are given back, anywhere in the process."""
+        await self._freed.wait()
 
     async def wait_to_read(self, holding: int) -> None:
         """Return once a connection holding ``holding`` bytes may read more."""
@@ -99,17 +113,25 @@ class Budget:
     async def reserve(self, n: int, own: int = 0) -> int:
         """Set aside room for an answer of up to ``n`` bytes (at most the limit); what was set aside.
 
-        Waits while the connection holds or expects too much; ``own``: bytes
-        of the asking request itself, already counted. Alone, it passes.
+        Waits while the connection, or the process, holds or expects too much;
+        ``own``: bytes of the asking request itself, already counted. A
+        connection that holds and expects nothing else passes (as a light
+        connection is always read): one answer per connection beyond the
+        process's cap, no more.
         """
         n = min(n, self.limit)
-        while self.used - own + self.reserved > 0 and self.used + self.reserved + n > self.limit:
-            await self._freed.wait()
+        while self.used - own + self.reserved > 0 and (self.used + self.reserved + n > self.limit or not self.pool.has_room(n)):
+            # Every release and unreserve, of this connection or another, goes through the pool.
+            await self.pool.freed()
         self.reserved += n
+        self.pool.reserved += n
         return n
 
     def unreserve(self, n: int) -> None:
+        if self.closed:
+            return  # release_all gave it back already
         self.reserved -= n
+        self.pool.unreserve(n)
         self._freed.notify()
 
     def release(self, n: int) -> None:
@@ -123,4 +145,7 @@ class Budget:
         """The connection ended: everything it held is free, and what is given back later was given back here."""
         if self.used:
             self.release(self.used)
+        # Answers still on their way when the connection ended never come here: their room goes back now.
+        self.pool.unreserve(self.reserved)
+        self.reserved = 0
         self.closed = True

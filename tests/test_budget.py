@@ -236,3 +236,30 @@ def test_a_frame_skipped_unread_is_never_buffered_and_the_next_one_reads_whole()
     assert reader.buffered() == 0, "bytes of a skipped frame were kept"
     reader.feed(b"y" * 10 + struct.pack(">ii", 4, 8))  # its last bytes, then the next frame whole
     assert bytes(reader.next_frame() or b"") == struct.pack(">i", 8)
+
+
+async def test_room_set_aside_counts_against_the_process_and_goes_back_when_a_connection_ends() -> None:
+    """Answers on their way count against the process's cap too: a second connection that already expects an
+    answer waits while the process has no room; a connection that ends gives back the room it had set aside."""
+    pool = MemoryPool(100)
+    first, second = Budget(1000, pool), Budget(1000, pool)
+    assert await first.reserve(80) == 80, "alone, it passes"
+    assert pool.reserved == 80 and pool.used == 0
+    assert await second.reserve(15) == 15, "a connection expecting nothing passes"
+    got = trio.Event()
+
+    async def another() -> None:
+        await second.reserve(50)
+        got.set()
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(another)
+        await trio.testing.wait_all_tasks_blocked()
+        assert not got.is_set(), "past the process's cap, a connection already expecting an answer waits"
+        first.release_all()  # the first connection ends with its answer still on the way
+        await got.wait()
+    assert pool.reserved == 65
+    first.unreserve(80)  # that answer's room, given back late: already given back
+    assert pool.reserved == 65
+    second.release_all()
+    assert pool.reserved == 0 and pool.used == 0
