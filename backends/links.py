@@ -133,6 +133,19 @@ class LinkPool:
         self._nursery.start_soon(backoff.settle, attempt, link)
         return link
 
+    async def link_when_ready(self, broker: int, lane: Lane, patience: float = backoff.RECONNECT_BACKOFF_MAX_S * 1.5) -> Link | None:
+        """:meth:`link`, but while kfan backs off from reconnecting to ``broker``, wait for the backoff first (at
+        most ``patience`` seconds), as a Kafka client holds a request for a node it is reconnecting to: a broker
+        just back is then used at once, instead of the request failing for being a moment early."""
+        link = self.link(broker, lane)
+        deadline = trio.current_time() + patience
+        while link is None and (b := self.cluster.topology.brokers.get(broker)) is not None and trio.current_time() < deadline:
+            wait = backoff.reconnects().retry_in((b.host, b.port))
+            # 0: the backoff is over but another link's attempt is still out; look again shortly.
+            await trio.sleep_until(min(deadline, trio.current_time() + max(wait, 0.02)))
+            link = self.link(broker, lane)
+        return link
+
     def reauthenticate(self) -> None:
         """The client logged in again: every open link logs in with its new credentials before its next request."""
         for link in self._links.values():

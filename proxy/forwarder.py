@@ -179,7 +179,9 @@ class Forwarder:
                     continue
                 fresh.append((destination, broker))
                 continue
-            link = self.links.link(broker, Lane.MAIN)
+            if destination is ANY_BROKER and self.links.link(broker, Lane.MAIN) is None:
+                broker = self.links.another_broker(broker) or broker  # any broker will do: one kfan is not backing off from
+            link = await self.links.link_when_ready(broker, Lane.MAIN)
             if link is None:
                 out[destination] = Failed(plan.route.failure.code(written=False))
                 continue
@@ -201,7 +203,7 @@ class Forwarder:
             # connection at a time, which always passes: it costs them nothing.
             room = await self.budget.reserve(sum(ceilings.get(d, 0) for d, _ in fresh), own=plan.cost)
         for destination, broker in fresh:
-            link = self.links.link(broker, Lane.FETCH)
+            link = await self.links.link_when_ready(broker, Lane.FETCH)
             if link is None:
                 out[destination] = Failed(plan.route.failure.code(written=False))
                 continue

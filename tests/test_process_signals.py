@@ -106,10 +106,10 @@ def test_an_outage_of_every_broker_costs_a_bounded_number_of_attempts_and_lines(
                 down_at = time.monotonic()
                 for b in (1, 2, 3):
                     c.broker_down(b)
-                answered = sum(producers.answers)
+                answered = list(producers.answers)
                 # The outage lasts OUTAGE_S while the clients keep asking.
                 wait_for("the outage to have lasted its time", lambda: time.monotonic() - down_at >= OUTAGE_S)
-                during = sum(producers.answers) - answered
+                during = [n - m for n, m in zip(producers.answers, answered, strict=True)]
                 after = broker_connects(k)
                 outage = time.monotonic() - down_at
                 lines = k.log[lines_before:]
@@ -126,8 +126,11 @@ def test_an_outage_of_every_broker_costs_a_bounded_number_of_attempts_and_lines(
             assert producers.errors == [], "kfan answered the clients throughout"
         attempts = {r: after.get(r, 0) - before.get(r, 0) for r in ("ok", "failed", "backed_off")}
         link_lines = [line for line in lines if "link to broker" in line]
-        print(f"{outage:.1f} s outage: {during} answers, attempts {attempts}, {len(lines)} lines ({len(link_lines)} link lines)")
-        assert during > 10 * CLIENTS, "the clients kept asking during the outage"
+        print(f"{outage:.1f} s outage: {sum(during)} answers, attempts {attempts}, {len(lines)} lines ({len(link_lines)} link lines)")
+        # A request for a broker kfan backs off from waits for the backoff (at most 1.5 s), as a Kafka
+        # client holds a request for a node it reconnects to, then gets its retriable error: every client
+        # is answered during the outage, at that pace.
+        assert all(n >= 1 for n in during), f"answers per client during the outage: {during}"
         # Per broker, the first failure holds every link off (the links already opening fail with
         # it: 2 lanes per client, plus the control plane's), then one attempt per backoff.
         bound = 3 * (2 * CLIENTS + 4 + backoff_rounds(outage))
