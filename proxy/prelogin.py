@@ -70,9 +70,6 @@ class PreLogin:
         if self._by_address[address] <= 0:
             del self._by_address[address]
 
-    def waiting(self, address: str) -> int:
-        return self._by_address.get(address, 0)
-
 
 def host_of(peer: str) -> str:
     """The address part of "host:port" (IPv6 hosts keep their colons)."""

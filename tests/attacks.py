@@ -26,7 +26,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -166,7 +166,6 @@ class Row:
     log_lines: int
     log_bytes: int
     note: str = ""
-    extra: dict[str, float] = field(default_factory=dict)
 
 
 def _quantile(values: list[float], q: float) -> float:
