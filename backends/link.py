@@ -41,6 +41,7 @@ from proxy.kafka import schema
 from proxy.kafka.frames import DEFAULT_MAX_FRAME_BYTES, MIN_RESPONSE_FRAME, FrameReader, frame
 from proxy.kafka.headers import correlation_id_of, request_head, request_header_tail
 from proxy.kafka.wire import Malformed, Parts
+from proxy.reclaim import release_later
 
 from . import backoff
 from .correlations import Correlations, UnknownCorrelationId
@@ -160,6 +161,7 @@ class Pending:
         self.release()
         self.dropped = True
         if self._done.is_set() and not isinstance(self._value, LinkError):
+            release_later(self._value)  # often many MiB, and expired with others of its burst
             self._value = DROPPED
 
     async def wait(self) -> bytes:

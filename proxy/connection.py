@@ -60,11 +60,12 @@ from .core.layout import TopicPartition
 from .core.topology import Topology
 from .forwarder import Forwarder, Handles
 from .frame_io import receive_into, send_frame
-from .kafka.frames import FrameReader, FrameTooLarge
+from .kafka.frames import MAPPED_FROM, FrameReader, FrameTooLarge
 from .kafka.headers import RequestHeader, peek_request, response_header
 from .kafka.records import Invalid
 from .kafka.wire import Malformed, Parts
 from .prelogin import Admitted, PreLogin, PreLoginLimits, host_of
+from .reclaim import release_later
 from .security.tls import ServerTLS, looks_like_tls, principal_of
 
 log = logging.getLogger("kfan.connection")
@@ -534,6 +535,9 @@ class ClientConnection:
                 raise _Close(slot.close_after)
             metrics.CLIENT_LATENCY.labels(str(slot.api_key)).observe(trio.current_time() - slot.started)
             self._budget.release(slot.size)
+            if slot.size >= MAPPED_FROM:
+                release_later(slot.parts)  # the brokers' answers it holds are let go of off the event loop
+                slot.parts = None
         # The client closed its side and every response is written.
         scope.cancel()
 

@@ -96,12 +96,15 @@ def _log_in(address: tuple[str, int], user: str, password: str) -> RawClient:
     return rc
 
 
-def _ask_again_and_again(address: tuple[str, int], password: str, topic: str, out: Any, stop: Any) -> None:
-    """The bystander's process: (sent at, round trip) of each call, or (when, None) when it had to connect again."""
+def _ask_again_and_again(address: tuple[str, int], password: str | None, topic: str, out: Any, stop: Any) -> None:
+    """The bystander's process: (sent at, round trip) of each call, or (when, None) when it had to connect again.
+
+    ``password``: bob's, to log in to kfan; None: straight to a broker, which asks for no login.
+    """
     request = MetadataRequest(topics=(MetadataRequestTopic(name=TopicName(topic)),), allow_auto_topic_creation=False)
     while not stop.is_set():
         try:
-            with _log_in(address, "bob", password) as rc:
+            with RawClient(address) if password is None else _log_in(address, "bob", password) as rc:
                 while not stop.is_set():
                     t0 = time.monotonic()
                     rc.call(request)
@@ -114,16 +117,26 @@ def _ask_again_and_again(address: tuple[str, int], password: str, topic: str, ou
 
 
 class Bystander:
-    """A logged-in client asking for one topic's metadata, again and again, in a process of its own (the
-    attackers' threads must not slow its measurements down): (sent at, round trip) of each call."""
+    """A client asking for one topic's metadata, again and again, in a process of its own (the
+    attackers' threads must not slow its measurements down): (sent at, round trip) of each call.
 
-    def __init__(self, world: World) -> None:
+    Logged in to kfan; or, ``direct``, asking the brokers themselves the same, beside kfan: how much of
+    the slowdown through kfan is the brokers' own (the attacks load them too).
+    """
+
+    def __init__(self, world: World, direct: bool = False) -> None:
         context = multiprocessing.get_context("spawn")
         self._out = context.Queue()
         self._stop = context.Event()
         self._process = context.Process(
             target=_ask_again_and_again,
-            args=(world.kfan.address, world.secrets.passwords["bob"], world.topic, self._out, self._stop),
+            args=(
+                _address_of(world.cluster.bootstrap) if direct else world.kfan.address,
+                None if direct else world.secrets.passwords["bob"],
+                world.topic,
+                self._out,
+                self._stop,
+            ),
             daemon=True,
         )
         self.samples: list[tuple[float, float]] = []
@@ -153,11 +166,18 @@ class Bystander:
         return sum(start <= t < end for t in list(self.failures))
 
 
+def _address_of(bootstrap: str) -> tuple[str, int]:
+    host, port = bootstrap.split(",")[0].rsplit(":", 1)
+    return host, int(port)
+
+
 @dataclass
 class Row:
     name: str
     base: list[float]
     during: list[float]
+    direct_base: list[float]
+    direct_during: list[float]
     rss_base: int
     rss_peak: int
     rss_after: int
@@ -175,7 +195,7 @@ def _quantile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-def replay(world: World, bystander: Bystander, name: str, attack: Callable[[World], str]) -> Row:
+def replay(world: World, bystander: Bystander, direct: Bystander, name: str, attack: Callable[[World], str]) -> Row:
     k = world.kfan
     closes_before = world.metric(CLOSES)
     base_start = time.monotonic()
@@ -210,6 +230,8 @@ def replay(world: World, bystander: Bystander, name: str, attack: Callable[[Worl
         name,
         bystander.between(base_start, attack_start),
         bystander.between(attack_start, attack_end),
+        direct.between(base_start, attack_start),
+        direct.between(attack_start, attack_end),
         rss_base,
         peak[0],
         rss(k.pid),
@@ -460,7 +482,7 @@ def fill_partitions(cluster: MockCluster, topic: str, partitions: int, size: int
 
 
 def header() -> str:
-    head = (f"{'attack':<24} {'p50 ms base/att':>16} {'p99 ms base/att':>16} {'+p99 ms':>8} {'RSS MiB rest/peak/after':>24} "
+    head = (f"{'attack':<24} {'p50 ms base/att':>16} {'p99 ms base/att':>16} {'+p99 ms':>8} {'+p99 direct':>11} {'RSS MiB rest/peak/after':>24} "
             f"{'buffered MiB':>12} {'log lines/KiB':>14}  closes; note")  # fmt: skip
     return head + "\n" + "-" * len(head)
 
@@ -469,10 +491,11 @@ def line(r: Row) -> str:
     p50 = f"{_quantile(r.base, 0.5) * 1e3:.1f}/{_quantile(r.during, 0.5) * 1e3:.1f}"
     p99 = f"{_quantile(r.base, 0.99) * 1e3:.1f}/{_quantile(r.during, 0.99) * 1e3:.1f}"
     worse = (_quantile(r.during, 0.99) - _quantile(r.base, 0.99)) * 1e3
+    worse_direct = (_quantile(r.direct_during, 0.99) - _quantile(r.direct_base, 0.99)) * 1e3
     mem = f"{r.rss_base / MiB:.0f}/{r.rss_peak / MiB:.0f}/{r.rss_after / MiB:.0f}"
     closes = ", ".join(f"{labels.split('=')[-1].strip(chr(34))} {n:.0f}" for labels, n in sorted(r.closes.items())) or "-"
     return (
-        f"{r.name:<24} {p50:>16} {p99:>16} {worse:>8.1f} {mem:>24} {r.buffered_peak / MiB:>12.1f} "
+        f"{r.name:<24} {p50:>16} {p99:>16} {worse:>8.1f} {worse_direct:>11.1f} {mem:>24} {r.buffered_peak / MiB:>12.1f} "
         f"{r.log_lines:>6}/{r.log_bytes / KiB:<7.0f}  {closes}; {r.note} ({len(r.during)} bystander calls)"
     )
 
@@ -493,16 +516,19 @@ def main(argv: list[str] | None = None) -> int:
         k = start_kfan(cluster.bootstrap, *secrets.sasl_args(), "--metrics-listen", "127.0.0.1:0", "--metadata-refresh", "5")
         try:
             world = World(k, cluster, secrets, topic, big_topic, metrics_port_in(k.log))
-            bystander = Bystander(world)
+            bystander, direct = Bystander(world), Bystander(world, direct=True)
             bystander.start()
-            wait_for("the bystander's first answers", lambda: len(bystander.samples) > 10, 60)
+            direct.start()
+            wait_for("the bystanders' first answers", lambda: len(bystander.samples) > 10 and len(direct.samples) > 10, 60)
+            print(f"kfan pid {k.pid} (for py-spy)", flush=True)
             print(header(), flush=True)
             for name in chosen:
                 try:
-                    print(line(replay(world, bystander, name, ATTACKS[name])), flush=True)
+                    print(line(replay(world, bystander, direct, name, ATTACKS[name])), flush=True)
                 except Exception as e:  # one attack's failure is reported; the others still run
                     print(f"{name:<24} failed: {e!r}", flush=True)
             bystander.stop()
+            direct.stop()
             print(
                 f"kfan {'alive' if k.alive() else 'DEAD'}; bystander p50 overall {statistics.median(r for _, r in bystander.samples) * 1e3:.1f} ms"
             )

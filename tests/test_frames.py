@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from proxy.frame_io import JOIN_BELOW, receive_into, send_frame
-from proxy.kafka.frames import FrameReader, frame, frame_parts
+from proxy.kafka.frames import MAPPED_FROM, FrameReader, frame, frame_parts
 from proxy.kafka.wire import Malformed
 
 
@@ -53,10 +53,30 @@ def test_a_frame_inside_one_chunk_is_a_slice_of_it_not_a_copy() -> None:
 
 def test_a_size_prefix_alone_allocates_nothing_in_place() -> None:
     reader = FrameReader()
-    reader.feed(struct.pack(">i", 50_000_000) + b"\0" * 1000)
+    reader.feed(struct.pack(">i", MAPPED_FROM - 100) + b"\0" * 1000)
     assert reader.next_frame() is None
     assert reader.receive_buffer(1, 1 << 30) is None, "a fifth of the frame must be here first"
     assert reader.buffered() == 1004
+
+
+def test_a_large_frame_is_received_into_mapped_memory_counted_as_it_arrives() -> None:
+    reader = FrameReader()
+    reader.feed(struct.pack(">i", 50_000_000) + b"a" * 1000)
+    assert reader.next_frame() is None
+    buffer = reader.receive_buffer(1, 1 << 30)
+    assert buffer is not None and len(buffer) == 50_000_004 - 1004, "mapped at once: untouched pages take no memory"
+    assert reader.buffered() == 1004, "only what arrived is held"
+    buffer[:2000] = b"b" * 2000
+    reader.received(2000)
+    assert reader.buffered() == 3004 and reader.next_frame() is None
+    rest = reader.receive_buffer(1, 1 << 30)
+    assert rest is not None and len(rest) == 50_000_004 - 3004
+    rest[:] = b"c" * len(rest)
+    reader.received(len(rest))
+    payload = reader.next_frame()
+    assert payload is not None and len(payload) == 50_000_000
+    assert bytes(payload[:1000]) == b"a" * 1000 and bytes(payload[1000:3000]) == b"b" * 2000 and payload[-1] == ord("c")
+    assert reader.buffered() == 0
 
 
 def test_a_frame_received_in_place_counts_its_whole_buffer_as_held() -> None:

@@ -42,12 +42,16 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("proxy.kafka.*", (STDLIB, "kio.*", "crc32c", "proxy.kafka.*")),  # Kafka bytes (and their checksum)
     ("proxy.core.*", (STDLIB, "kio.*", "proxy.kafka.*", "proxy.core.*")),  # the sans-IO core
     ("proxy.security.*", (STDLIB, THIRD_PARTY, "proxy.security.*")),  # TLS contexts, SASL exchanges, users, tokens
-    ("backends.*", (STDLIB, THIRD_PARTY, *SHARED, "proxy.budget", "proxy.frame_io", "proxy.security.*", "backends.*")),  # the broker side
+    (
+        "backends.*",
+        (STDLIB, THIRD_PARTY, *SHARED, "proxy.budget", "proxy.frame_io", "proxy.reclaim", "proxy.security.*", "backends.*"),
+    ),  # the broker side
     ("proxy.frame_io", (STDLIB, THIRD_PARTY, "proxy.kafka.*")),  # frames on trio streams: gather writes, in-place reads
     ("proxy.metrics", (STDLIB, THIRD_PARTY)),  # a leaf: the Prometheus families and the HTTP endpoint
     ("proxy.budget", (STDLIB, THIRD_PARTY, "proxy.metrics")),  # nearly a leaf: the memory a client may make kfan hold
     ("proxy.prelogin", (STDLIB, THIRD_PARTY, "proxy.metrics", "proxy.budget")),  # what a client not logged in yet may hold
     ("proxy.logtext", (STDLIB,)),  # a leaf: client-chosen text made safe to log
+    ("proxy.reclaim", (STDLIB,)),  # a leaf: large buffers let go of off the event loop
     ("proxy.capture.*", (STDLIB, THIRD_PARTY, *SHARED, "proxy.capture.*")),  # capture, pcap import, live replay
     ("spark.*", (STDLIB, THIRD_PARTY, *SHARED, "proxy.capture.*", "spark.*")),  # the Spark replay job
     (
@@ -185,7 +189,7 @@ def test_the_checker_reports_forbidden_imports_and_cycles() -> None:
     assert graph["proxy.core.y"] == {"proxy.kafka.wire", "backends.link"}
     assert graph["backends.link"] == {"trio", "proxy.core.plan_request", "proxy.server"}
     assert violations(graph) == [
-        "backends.link -> proxy.server (backends.* may import only stdlib, third-party, proxy.kafka.*, proxy.core.*, proxy.metrics, proxy.budget, proxy.frame_io, proxy.security.*, backends.*)",
+        "backends.link -> proxy.server (backends.* may import only stdlib, third-party, proxy.kafka.*, proxy.core.*, proxy.metrics, proxy.budget, proxy.frame_io, proxy.reclaim, proxy.security.*, backends.*)",
         "proxy.cli -> tests.support (nothing under proxy/, backends/, spark/ imports tests)",
         "proxy.core.y -> backends.link (proxy.core.* may import only stdlib, kio.*, proxy.kafka.*, proxy.core.*)",
         "proxy.kafka.x -> trio (proxy.kafka.* may import only stdlib, kio.*, crc32c, proxy.kafka.*)",
