@@ -131,11 +131,14 @@ def _new_lines(k: Kfan, start: int) -> str:
     return "".join(k.log[start:])
 
 
-def _check_trip(trip: Trip, k: Kfan) -> None:
-    """Every record once, in order per partition, all through kfan alone, with the offsets committed."""
+def _check_trip(trip: Trip, k: Kfan, start: int) -> None:
+    """Every record once, in order per partition, all through kfan alone, with the offsets committed.
+
+    On a failure, kfan's lines since ``start`` come with it (the client's own log is pytest's captured log)."""
+    seen = lambda: f"{trip.log}\nkfan since the trip began:\n{_new_lines(k, start)[-4000:]}"  # noqa: E731
     assert trip.brokers == [(0, k.host, k.port)], trip.brokers
-    assert trip.partitions == set(range(PARTITIONS))
-    assert trip.assigned == set(range(PARTITIONS)), trip.log
+    assert trip.partitions == set(range(PARTITIONS)), seen()
+    assert trip.assigned == set(range(PARTITIONS)), seen()
     check_round_trip(trip.consumed, RECORDS, PARTITIONS)
     assert trip.extra == []
     ends = end_offsets(trip.consumed)
@@ -167,7 +170,7 @@ def test_sasl_round_trip(
         security = ClientSecurity(ca=secrets.server.ca, mechanism=mechanism, username=user, password=secrets.passwords[user])
     start = len(kfan_sasl.log)
     trip = _round_trip(request, client)(kfan_sasl.bootstrap, _new_topic(secure), _name("g"), RECORDS, security=security)
-    _check_trip(trip, kfan_sasl)
+    _check_trip(trip, kfan_sasl, start)
     wait_for_line(kfan_sasl.log, re.escape(f"authenticated as User:{user} ({mechanism})"), start=start)
     log = _new_lines(kfan_sasl, start)
     assert "authentication failed" not in log and "closing" not in log, log[-3000:]
@@ -184,7 +187,7 @@ def test_mtls_round_trip(request: pytest.FixtureRequest, secure: SecureCluster, 
     security = ClientSecurity(ca=secrets.server.ca, cert=cert.cert, key=cert.key)
     start = len(kfan_mtls.log)
     trip = _round_trip(request, client)(kfan_mtls.bootstrap, _new_topic(secure), _name("g"), RECORDS, security=security)
-    _check_trip(trip, kfan_mtls)
+    _check_trip(trip, kfan_mtls, start)
     wait_for_line(kfan_mtls.log, rf"TLS client certificate of CN=app-{client}(,|$)", start=start)
     log = _new_lines(kfan_mtls, start)
     assert "TLS handshake failed" not in log, log[-3000:]
