@@ -4,7 +4,8 @@ A frame is written as its parts (:func:`proxy.kafka.frames.frame_parts`):
 on a plain TCP stream with one gather write (``sendmsg``), so record data
 goes from the buffer it arrived in straight to the socket, never joined into
 a new frame first. Small frames, and streams that cannot gather (TLS,
-in-memory streams in tests), get the parts joined once.
+in-memory streams in tests), get the parts joined once; on those, a large
+frame is joined and written a step (:data:`MAX_STEP`) at a time.
 """
 
 from __future__ import annotations
@@ -43,10 +44,20 @@ async def send_frame(stream: trio.abc.Stream, parts: Iterable[bytes | memoryview
     """Write the frame of ``parts`` (their size prefix added here); the bytes written."""
     framed = frame_parts(parts)
     total = 4 + _SIZE.unpack(framed[0])[0]  # the payload's size, summed once by frame_parts
-    if total < JOIN_BELOW or not isinstance(stream, trio.SocketStream):
+    if total < JOIN_BELOW or (total < MAPPED_FROM and not isinstance(stream, trio.SocketStream)):
         await stream.send_all(b"".join(framed))
         return total
     views = [memoryview(p).cast("B") for p in framed if len(p)]
+    if not isinstance(stream, trio.SocketStream):
+        # TLS: a large frame is encrypted and written a step at a time, never joined whole. No
+        # turns: the stream cannot say it is writable first, and a client that stops reading
+        # would hold its turn.
+        first = 0
+        while first < len(views):
+            step = _step(views, first)
+            await stream.send_all(b"".join(step))
+            first = _advance(views, first, sum(len(v) for v in step))
+        return total
     sock = stream.socket
     first = 0  # views before it are written
     try:
@@ -58,17 +69,23 @@ async def send_frame(stream: trio.abc.Stream, parts: Iterable[bytes | memoryview
                 await trio.lowlevel.wait_writable(sock)
                 async with _bulk_turns():
                     sent = await sock.sendmsg(_step(views, first))
-            while sent:
-                n = len(views[first])
-                if sent >= n:
-                    sent -= n
-                    first += 1
-                else:
-                    views[first] = views[first][sent:]
-                    sent = 0
+            first = _advance(views, first, sent)
     except OSError as e:
         raise trio.BrokenResourceError(f"socket connection broken: {e}") from e
     return total
+
+
+def _advance(views: list[memoryview], first: int, sent: int) -> int:
+    """``sent`` more bytes of ``views`` are written: the first view not written whole (trimmed to its rest)."""
+    while sent:
+        n = len(views[first])
+        if sent >= n:
+            sent -= n
+            first += 1
+        else:
+            views[first] = views[first][sent:]
+            sent = 0
+    return first
 
 
 def _step(views: list[memoryview], first: int) -> list[memoryview]:
@@ -106,16 +123,17 @@ async def receive_into(stream: trio.abc.Stream, reader: FrameReader, max_in_plac
     """Read once from ``stream`` into ``reader``: the bytes read, 0 at end of stream.
 
     The rest of a large frame on a plain TCP stream is received straight into
-    a buffer of the frame's size, so its bytes are copied once, by the kernel.
+    a buffer of the frame's size, so its bytes are copied once, by the kernel;
+    on TLS, into that buffer as they are decrypted.
     ``max_in_place``: the largest frame received so (a broker link, whose
     answers no client sizes, may allow more than a client connection).
     """
-    buffer = reader.receive_buffer(READ_CHUNK, max_in_place) if isinstance(stream, trio.SocketStream) else None
-    if buffer is None:
+    buffer = reader.receive_buffer(READ_CHUNK, max_in_place)
+    if buffer is None or not isinstance(stream, trio.SocketStream):
+        # TLS: what it decrypts is copied into the frame's buffer as it comes (never joined whole at the end).
         data = await stream.receive_some(receive_size(reader))
         reader.feed(data)
         return len(data)
-    assert isinstance(stream, trio.SocketStream)
     sock = stream.socket
     try:
         # Wait for the bytes first, holding nothing: a sender that stalls mid-frame must not keep others waiting.

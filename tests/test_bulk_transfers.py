@@ -7,10 +7,12 @@ The figures (a bystander's latency beside 30 answers of 12 MiB) come from
 
 from __future__ import annotations
 
+import mmap
 import struct
 import threading
 
 import trio
+import trio.testing
 
 from backends.link import Pending
 from proxy import frame_io
@@ -109,6 +111,47 @@ async def test_a_sender_that_stalls_mid_frame_holds_no_turn() -> None:
     for s in [*clients, *servers, listener]:
         await s.aclose()
     assert got == [FRAME]
+
+
+class _Writes(trio.abc.SendStream):
+    """A stream that cannot gather (as TLS): records each write."""
+
+    def __init__(self) -> None:
+        self.writes: list[bytes] = []
+
+    async def send_all(self, data: bytes | bytearray | memoryview) -> None:
+        self.writes.append(bytes(data))
+        await trio.lowlevel.checkpoint()
+
+    async def wait_send_all_might_not_block(self) -> None:
+        await trio.lowlevel.checkpoint()
+
+    async def aclose(self) -> None:
+        await trio.lowlevel.checkpoint()
+
+
+async def test_a_large_frame_goes_out_on_tls_a_step_at_a_time_never_joined_whole() -> None:
+    stream = _Writes()
+    parts = [b"a" * 700_000, b"b" * 10, b"c" * 2_000_000]
+    assert await send_frame(stream, parts) == 4 + 2_700_010  # type: ignore[arg-type]
+    assert b"".join(stream.writes) == struct.pack(">i", 2_700_010) + b"".join(parts)
+    assert max(len(w) for w in stream.writes) <= MAX_STEP and len(stream.writes) == -(-(2_700_014) // MAX_STEP)
+
+
+async def test_a_large_frame_from_tls_is_gathered_as_it_comes_into_one_buffer() -> None:
+    """What a stream that cannot receive in place hands over is copied into the frame's buffer as it comes."""
+    send, receive = trio.testing.memory_stream_pair()
+    body = bytes(range(256)) * (3 * 4096)  # 3 MiB
+    reader = FrameReader(min_frame_bytes=1)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(send.send_all, struct.pack(">i", len(body)) + body)
+        reads = 0
+        while (payload := reader.next_frame()) is None:
+            assert await receive_into(receive, reader, 1 << 30)
+            reads += 1
+    assert isinstance(payload, memoryview) and bytes(payload) == body
+    assert isinstance(payload.obj, mmap.mmap), "received into one mapped buffer, not joined from chunks"
+    assert reads > 1
 
 
 class _Noted(bytearray):
