@@ -10,6 +10,7 @@ instead, and ``munmap`` runs there without the GIL.
 
 from __future__ import annotations
 
+import os
 import queue
 import threading
 from typing import Any
@@ -17,6 +18,15 @@ from typing import Any
 _queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
 _started = threading.Lock()
 _thread: threading.Thread | None = None
+
+
+def _forget_thread() -> None:
+    """In a forked child the thread is gone: start another on first use."""
+    global _queue, _thread, _started
+    _queue, _thread, _started = queue.SimpleQueue(), None, threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_thread)
 
 
 def _release_forever() -> None:

@@ -8,8 +8,10 @@ The figures (a bystander's latency beside 30 answers of 12 MiB) come from
 from __future__ import annotations
 
 import mmap
+import os
 import struct
 import threading
+import time
 
 import trio
 import trio.testing
@@ -172,6 +174,20 @@ def test_a_buffer_released_later_is_freed_in_the_releasing_thread() -> None:
     release_later(_Noted(b"x" * MAPPED_FROM))
     _wait_freed(1)
     assert _Noted.freed_in == ["kfan-release"]
+
+
+def test_a_forked_child_releases_in_a_thread_of_its_own() -> None:
+    release_later(b"started")  # the parent's thread runs
+    pid = os.fork()
+    if pid == 0:  # the child: its first release must start a thread there, or nothing is ever freed
+        _Noted.freed_in.clear()
+        release_later(_Noted(b"x"))
+        end = time.monotonic() + 10
+        while not _Noted.freed_in and time.monotonic() < end:
+            time.sleep(0.01)
+        os._exit(0 if _Noted.freed_in == ["kfan-release"] else 1)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
 
 
 async def test_an_abandoned_answer_is_freed_off_the_event_loop() -> None:
