@@ -1,4 +1,4 @@
-"""Fixtures: the embedded multi-broker cluster, the real kfan process in front of it, kcat.
+"""Fixtures: the embedded multi-broker cluster, Apache Kafka, the real kfan process in front of each, kcat.
 
 And hypothesis's settings for the whole suite: no property test may fail because the
 machine is slow (no deadline, no too-slow health check) or replay what an earlier run
@@ -14,6 +14,7 @@ import pytest
 from hypothesis import HealthCheck, settings
 
 from backends.mock import MockCluster
+from tests.support.apache_kafka.cluster import KafkaCluster
 from tests.support.kcat import Kcat, KcatUnavailable, ensure_kcat
 from tests.support.kfan import Kfan, kfan_for_session
 from tests.support.tansu import Tansu
@@ -46,6 +47,23 @@ def tansu() -> Iterator[Tansu]:
 def kfan_tansu(tansu: Tansu) -> Iterator[Kfan]:
     """kfan in front of the single Tansu broker."""
     yield from kfan_for_session(tansu.bootstrap, "kfan (tansu)")
+
+
+@pytest.fixture(scope="session")
+def apache_kafka(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaCluster]:
+    """Apache Kafka 4 for the whole session: a controller and three brokers (racks a, b, c), RF 3, min ISR 2.
+
+    Its nodes' logs stay in pytest's temporary directory (``apache-kafka*``) for diagnosis."""
+    with KafkaCluster(tmp_path_factory.mktemp("apache-kafka")) as kafka:
+        yield kafka
+        dead = [n.node_id for n in kafka.nodes.values() if n.process is not None and n.process.poll() is not None]
+        assert not dead, f"Apache Kafka nodes {dead} died during the session:\n{kafka.logs_tail()}"
+
+
+@pytest.fixture(scope="session")
+def kfan_kafka(apache_kafka: KafkaCluster) -> Iterator[Kfan]:
+    """kfan in front of Apache Kafka."""
+    yield from kfan_for_session(apache_kafka.bootstrap, "kfan (apache kafka)")
 
 
 _topics = iter(range(1, 1_000_000))

@@ -11,7 +11,12 @@ per library, tests/support/round_trip.py), against
   ``check_exactly_once_in_order``;
 - ``tansu``: kfan (``kfan_tansu``) in front of Tansu, 500 records to a
   3-partition topic created with CreateTopics through kfan, checked by
-  ``check_round_trip``.
+  ``check_round_trip``;
+- ``kafka``: kfan (``kfan_kafka``) in front of Apache Kafka 4 (a controller and
+  three brokers, tests/support/apache_kafka), 10,000 records to a 6-partition
+  topic replicated on all three, checked as on the mock; and each client's same
+  round trip straight to those brokers (``test_round_trip_directly_against_apache_kafka``),
+  with the same checks.
 
 Every record exactly once, per-partition order kept; the client's metadata
 shows exactly one broker, kfan, and the topic's partitions; the member was
@@ -39,11 +44,13 @@ import pytest
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from backends.mock import MockCluster
+from tests.support.apache_kafka.cluster import KafkaCluster
 from tests.support.kcat import Consumed, Kcat, Row
 from tests.support.kfan import Kfan
 from tests.support.round_trip import (
     ROUND_TRIPS,
     RoundTrip,
+    Trip,
     check_exactly_once_in_order,
     check_round_trip,
     committed_offsets,
@@ -72,6 +79,7 @@ class Backend:
     records: list[tuple[bytes, bytes]] = field(repr=False)
     new_topic: Callable[[], str] = field(repr=False)
     check: Callable[[list[Row]], None] = field(repr=False)
+    replicas: int = 1  # each partition's replication factor
 
 
 def _tansu_topic(kfan: Kfan) -> str:
@@ -90,8 +98,19 @@ def client(request: pytest.FixtureRequest) -> RoundTrip:
     return ROUND_TRIPS[request.param]
 
 
-@pytest.fixture(scope="module", params=["mock", "tansu"])
+def _kafka_topic(kafka: KafkaCluster) -> str:
+    """A fresh 6-partition topic on Apache Kafka, replicated on all three brokers."""
+    name = _name("ak")
+    kafka.create_topic(name, 6)
+    return name
+
+
+@pytest.fixture(scope="module", params=["mock", "tansu", "kafka"])
 def backend(request: pytest.FixtureRequest) -> Backend:
+    if request.param == "kafka":
+        kafka: KafkaCluster = request.getfixturevalue("apache_kafka")
+        kfan_kafka: Kfan = request.getfixturevalue("kfan_kafka")
+        return Backend("kafka", kfan_kafka, 6, round_trip_records(), lambda: _kafka_topic(kafka), check_exactly_once_in_order, replicas=3)
     if request.param == "mock":
         kfan: Kfan = request.getfixturevalue("kfan")
         cluster: MockCluster = request.getfixturevalue("cluster")
@@ -118,17 +137,29 @@ def test_round_trip(client: RoundTrip, backend: Backend) -> None:
     topic, group = backend.new_topic(), _name("g")
     trip = client(backend.kfan.bootstrap, topic, group, backend.records)
     assert trip.brokers == [(0, backend.kfan.host, backend.kfan.port)]
-    assert trip.partitions == set(range(backend.partitions))
-    assert trip.assigned == set(range(backend.partitions)), trip.log
-    backend.check(trip.consumed)
+    _check_trip(trip, backend.kfan.bootstrap, topic, group, backend.partitions, backend.check)
+
+
+def test_round_trip_directly_against_apache_kafka(client: RoundTrip, apache_kafka: KafkaCluster) -> None:
+    """The same round trip straight to Apache Kafka's brokers, with the same checks: what kfan is held to."""
+    topic, group = _kafka_topic(apache_kafka), _name("g")
+    trip = client(apache_kafka.bootstrap, topic, group, round_trip_records())
+    assert sorted(trip.brokers) == sorted((i, host, port) for i, (host, port) in apache_kafka.brokers.items())
+    _check_trip(trip, apache_kafka.bootstrap, topic, group, 6, check_exactly_once_in_order)
+
+
+def _check_trip(trip: Trip, bootstrap: str, topic: str, group: str, partitions: int, check: Callable[[list[Row]], None]) -> None:
+    assert trip.partitions == set(range(partitions))
+    assert trip.assigned == set(range(partitions)), trip.log
+    check(trip.consumed)
     assert trip.extra == []  # nothing more arrives after the records
     ends = end_offsets(trip.consumed)
     if trip.eof is not None:
         assert trip.eof == ends
     if trip.committed is not None:
         assert trip.committed == ends
-    # Read back by a fresh client (OffsetFetch through kfan, after the member left).
-    assert committed_offsets(backend.kfan.bootstrap, group, topic, backend.partitions) == ends
+    # Read back by a fresh client (OffsetFetch, after the member left).
+    assert committed_offsets(bootstrap, group, topic, partitions) == ends
 
 
 # --- kcat, against both backends: its metadata and its Fetch answers -----------------------
@@ -158,7 +189,9 @@ def test_kcat_metadata_shows_only_kfan(backend: Backend, kcat: Kcat) -> None:
     assert t["topic"] == topic and "error" not in t, t
     assert [p["partition"] for p in t["partitions"]] == list(range(backend.partitions))
     for p in t["partitions"]:
-        assert (p["leader"], p["replicas"], p["isrs"]) == (0, [{"id": 0}], [{"id": 0}]), p
+        # Every replica is kfan, and there are as many as the real ones: the replication factor tools show.
+        kfan_replicas = [{"id": 0}] * backend.replicas
+        assert (p["leader"], p["replicas"], p["isrs"]) == (0, kfan_replicas, kfan_replicas), p
 
 
 def test_kcat_produce_then_consume(backend: Backend, kcat_round_trip_run: KcatRun) -> None:

@@ -1,0 +1,75 @@
+"""Apache Kafka's jars from Maven Central: one version's broker, tools and reference client, resolved once per machine.
+
+``pom.xml`` beside this file names them; Maven copies them and everything
+they depend on into ``$KFAN_KAFKA_CACHE/<version>`` (default
+``~/.cache/kfan/apache-kafka``), and a marker file says the copy is whole, so
+a later session (or another test run on the machine, waiting on a lock)
+finds them there and pays nothing. Maven and Java come with the machine;
+without them, or without Maven Central, :class:`Unavailable` says which
+command failed and what it printed: the suite fails, it never falls back to
+a stand-in.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+POM = Path(__file__).with_name("pom.xml")
+KAFKA_4 = "4.4.0"  # the newest 4.x Maven Central serves that resolves with its dependencies (checked 2026-11-25)
+RESOLVE_TIMEOUT_S = 900.0
+
+
+class Unavailable(RuntimeError):
+    """Maven could not resolve Apache Kafka (no Maven, no Java, or Maven Central refused)."""
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get("KFAN_KAFKA_CACHE") or Path.home() / ".cache" / "kfan" / "apache-kafka")
+
+
+def kafka_jars(version: str = KAFKA_4) -> Path:
+    """The directory holding every jar of Apache Kafka ``version`` (resolved now if not yet on this machine)."""
+    root = cache_root()
+    lib = root / version
+    whole = lib / ".complete"
+    if whole.exists():
+        return lib
+    root.mkdir(parents=True, exist_ok=True)
+    with open(root / f"{version}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # another run resolving the same version: wait, then use its copy
+        if whole.exists():
+            return lib
+        mvn = shutil.which("mvn")
+        if mvn is None:
+            raise Unavailable("mvn is not on PATH: Apache Kafka's jars come from Maven Central through Maven")
+        partial = root / f"{version}.partial"
+        shutil.rmtree(partial, ignore_errors=True)
+        argv = [
+            mvn,
+            "-q",
+            "-B",
+            "-f",
+            str(POM),
+            f"-Dkafka.version={version}",
+            "dependency:copy-dependencies",
+            f"-DoutputDirectory={partial}",
+        ]
+        try:
+            done = subprocess.run(argv, capture_output=True, text=True, timeout=RESOLVE_TIMEOUT_S)
+        except (OSError, subprocess.TimeoutExpired) as e:
+            raise Unavailable(f"{' '.join(argv)}: {e!r}") from e
+        if done.returncode != 0 or not any(partial.glob("kafka_2.13-*.jar")):
+            raise Unavailable(f"{' '.join(argv)} (exit {done.returncode}):\n{done.stdout[-3000:]}{done.stderr[-3000:]}")
+        shutil.rmtree(lib, ignore_errors=True)
+        partial.rename(lib)
+        whole.touch()
+    return lib
+
+
+def classpath(version: str = KAFKA_4) -> str:
+    """A ``java -cp`` argument with every jar of ``version``."""
+    return str(kafka_jars(version) / "*")
