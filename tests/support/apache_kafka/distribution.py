@@ -4,10 +4,10 @@
 they depend on into ``$KFAN_KAFKA_CACHE/<version>`` (default
 ``~/.cache/kfan/apache-kafka``), and a marker file says the copy is whole, so
 a later session (or another test run on the machine, waiting on a lock)
-finds them there and pays nothing. Maven and Java come with the machine;
-without them, or without Maven Central, :class:`Unavailable` says which
-command failed and what it printed: the suite fails, it never falls back to
-a stand-in.
+finds them there and pays nothing. Maven and Java come with the machine
+(Maven from apt when it is missing); without them, or without Maven
+Central, :class:`Unavailable` says which command failed and what it
+printed: the suite fails, it never falls back to a stand-in.
 """
 
 from __future__ import annotations
@@ -17,6 +17,8 @@ import os
 import shutil
 import subprocess
 from pathlib import Path
+
+from tests.support import apt
 
 POM = Path(__file__).with_name("pom.xml")
 KAFKA_4 = "4.4.0"  # the newest 4.x Maven Central serves that resolves with its dependencies (checked 2026-11-25)
@@ -43,9 +45,10 @@ def kafka_jars(version: str = KAFKA_4) -> Path:
         fcntl.flock(lock, fcntl.LOCK_EX)  # another run resolving the same version: wait, then use its copy
         if whole.exists():
             return lib
-        mvn = shutil.which("mvn")
-        if mvn is None:
-            raise Unavailable("mvn is not on PATH: Apache Kafka's jars come from Maven Central through Maven")
+        try:
+            mvn = apt.ensure_command("mvn", "maven")  # the machines have it; a bare Debian gets it from apt
+        except apt.Unavailable as e:
+            raise Unavailable(f"Apache Kafka's jars come from Maven Central through Maven: {e}") from e
         partial = root / f"{version}.partial"
         shutil.rmtree(partial, ignore_errors=True)
         argv = [
