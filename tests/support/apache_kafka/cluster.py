@@ -45,6 +45,14 @@ logger.controller.level = WARN
 """
 
 
+def _cluster_id() -> str:
+    """A random cluster id as Kafka makes them: URL-safe base64 of 16 bytes, never starting with "-"
+    (the storage tool would take it for an option)."""
+    while (cid := base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")).startswith("-"):
+        pass
+    return cid
+
+
 @dataclass
 class _Node:
     node_id: int
@@ -87,7 +95,7 @@ class KafkaCluster:
         self.workdir.mkdir(parents=True, exist_ok=True)
         cp = classpath(self.version)
         (self.workdir / "log4j2.properties").write_text(_LOG4J2)
-        cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        cluster_id = _cluster_id()
         controller_port = free_port()
         voters = f"{CONTROLLER_ID}@127.0.0.1:{controller_port}"
         self.nodes[CONTROLLER_ID] = self._node(CONTROLLER_ID, "controller", controller_port, voters)
