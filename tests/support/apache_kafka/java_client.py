@@ -1,0 +1,83 @@
+"""The reference Java client (``kafka-clients``) as a round trip of the suite: ``RoundTrip.java`` beside this file.
+
+Compiled once per machine with ``javac`` against the Kafka jars (the classes
+are kept beside the jars, under the source's hash), run with ``java``, and
+its output read back into a :class:`tests.support.round_trip.Trip`, so the
+same checks apply to it as to the Python clients and kcat.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import shutil
+import subprocess
+from pathlib import Path
+
+from tests.support.apache_kafka.distribution import KAFKA_4, cache_root, classpath
+from tests.support.round_trip import Records, Trip
+
+SOURCE = Path(__file__).with_name("RoundTrip.java")
+RUN_TIMEOUT_S = 240.0
+
+
+def _classes(version: str) -> Path:
+    """The compiled round trip (compiled now if this source was not compiled yet)."""
+    digest = hashlib.sha256(SOURCE.read_bytes()).hexdigest()[:16]
+    out = cache_root() / f"round-trip-{version}-{digest}"
+    if (out / "RoundTrip.class").exists():
+        return out
+    cache_root().mkdir(parents=True, exist_ok=True)
+    with open(cache_root() / "round-trip.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (out / "RoundTrip.class").exists():
+            partial = out.with_name(out.name + ".partial")
+            shutil.rmtree(partial, ignore_errors=True)
+            partial.mkdir()
+            javac = shutil.which("javac") or "javac"
+            done = subprocess.run([javac, "-cp", classpath(version), "-d", str(partial), str(SOURCE)], capture_output=True, text=True)
+            if done.returncode != 0:
+                raise RuntimeError(f"javac RoundTrip.java failed (exit {done.returncode}):\n{done.stdout[-3000:]}{done.stderr[-3000:]}")
+            partial.rename(out)
+    return out
+
+
+def java_round_trip(
+    bootstrap: str, topic: str, group: str, records: Records, *, protocol: str = "classic", aborted: int = 0, version: str = KAFKA_4
+) -> Trip:
+    """The Java client's round trip of ``len(records)`` records (its own: key-<i % 500>, value <i>; the
+    records given only set the count), consumed read_committed by a member of ``group`` using ``protocol``;
+    ``aborted``: that many more records written in an aborted transaction after a committed one."""
+    java = shutil.which("java") or "java"
+    argv = [
+        java,
+        "-cp",
+        f"{classpath(version)}:{_classes(version)}",
+        "RoundTrip",
+        bootstrap,
+        topic,
+        group,
+        str(len(records)),
+        protocol,
+        str(aborted),
+    ]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
+    if done.returncode != 0:
+        raise RuntimeError(f"the Java round trip failed (exit {done.returncode}):\n{done.stdout[-2000:]}{done.stderr[-3000:]}")
+    consumed, extra, brokers, assigned = [], [], [], set()
+    committed: dict[int, int | None] = {}
+    partitions = 0
+    for line in done.stdout.splitlines():
+        kind, *fields = line.split(" ")
+        if kind in ("record", "extra"):
+            row = (int(fields[0]), int(fields[1]), fields[2].encode(), fields[3].encode())
+            (consumed if kind == "record" else extra).append(row)
+        elif kind == "broker":
+            brokers.append((int(fields[0]), fields[1], int(fields[2])))
+        elif kind == "partitions":
+            partitions = int(fields[0])
+        elif kind == "assigned":
+            assigned.add(int(fields[0]))
+        elif kind == "committed":
+            committed[int(fields[0])] = int(fields[1])
+    return Trip(consumed, sorted(brokers), set(range(partitions)), assigned, extra, committed=committed, log=done.stderr[-3000:])

@@ -1,0 +1,47 @@
+"""Kafka's own command-line tools (``kafka-tools``), run as ``java -cp <jars> <main class> ...``.
+
+What ``bin/kafka-topics.sh`` and its siblings run, without the scripts (they
+are not on Maven Central): the same main classes, the same arguments.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from dataclasses import dataclass
+
+from tests.support.apache_kafka.distribution import KAFKA_4, classpath
+
+MAIN = {
+    "kafka-topics": "org.apache.kafka.tools.TopicCommand",
+    "kafka-configs": "org.apache.kafka.tools.ConfigCommand",
+    "kafka-consumer-groups": "org.apache.kafka.tools.consumer.group.ConsumerGroupCommand",
+    "kafka-acls": "org.apache.kafka.tools.AclCommand",
+    "kafka-delete-records": "org.apache.kafka.tools.DeleteRecordsCommand",
+    "kafka-leader-election": "org.apache.kafka.tools.LeaderElectionCommand",
+    "kafka-reassign-partitions": "org.apache.kafka.tools.reassign.ReassignPartitionsCommand",
+    "kafka-log-dirs": "org.apache.kafka.tools.LogDirsCommand",
+    "kafka-producer-perf-test": "org.apache.kafka.tools.ProducerPerformance",
+    "kafka-consumer-perf-test": "org.apache.kafka.tools.ConsumerPerformance",
+}
+# A tool runs for seconds: start fast (C1 only, one GC thread) rather than run fast.
+_JVM = ["-Xmx256m", "-XX:TieredStopAtLevel=1", "-XX:+UseSerialGC"]
+TIMEOUT_S = 120.0
+
+
+@dataclass
+class Ran:
+    code: int
+    out: str
+    err: str
+
+
+def run_tool(tool: str, *args: str, version: str = KAFKA_4, check: bool = True) -> Ran:
+    """Run ``tool`` (its script's name) with ``args``; ``check``: fail with its output unless it exits 0."""
+    java = shutil.which("java") or "java"
+    argv = [java, *_JVM, "-cp", classpath(version), MAIN[tool], *args]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=TIMEOUT_S)
+    ran = Ran(done.returncode, done.stdout, done.stderr)
+    if check and done.returncode != 0:
+        raise AssertionError(f"{tool} {' '.join(args)}: exit {done.returncode}\n{done.stdout[-2000:]}\n{done.stderr[-3000:]}")
+    return ran

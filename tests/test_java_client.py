@@ -1,0 +1,65 @@
+"""The reference Java client (kafka-clients 4.4) against Apache Kafka, directly and through kfan, with the same checks.
+
+Produce with an idempotent producer (acks=all), consume in a group with
+commits, under both group protocols (``classic`` and KIP-848's ``consumer``);
+and transactions: a committed batch and an aborted one, read read_committed,
+where the aborted records must stay invisible through kfan exactly as
+directly (the mock's Fetch ignores transaction markers, so only a real
+broker can show this).
+"""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+
+from tests.support.apache_kafka.cluster import KafkaCluster
+from tests.support.apache_kafka.java_client import java_round_trip
+from tests.support.kfan import Kfan
+from tests.support.round_trip import check_exactly_once_in_order, committed_offsets, end_offsets, round_trip_records
+
+PARTITIONS = 6
+
+
+def _names(prefix: str) -> tuple[str, str]:
+    tag = uuid.uuid4().hex[:8]
+    return f"{prefix}-{tag}", f"{prefix}-g-{tag}"
+
+
+@pytest.fixture(params=["direct", "kfan"])
+def target(request: pytest.FixtureRequest, apache_kafka: KafkaCluster) -> tuple[str, list[tuple[int, str, int]]]:
+    """Where the client connects, and the brokers its metadata must show."""
+    if request.param == "direct":
+        return apache_kafka.bootstrap, sorted((i, host, port) for i, (host, port) in apache_kafka.brokers.items())
+    k: Kfan = request.getfixturevalue("kfan_kafka")
+    return k.bootstrap, [(0, k.host, k.port)]
+
+
+@pytest.mark.parametrize("protocol", ["classic", "consumer"])
+def test_java_round_trip(apache_kafka: KafkaCluster, target: tuple[str, list[tuple[int, str, int]]], protocol: str) -> None:
+    bootstrap, brokers = target
+    topic, group = _names(f"java-{protocol}")
+    apache_kafka.create_topic(topic, PARTITIONS)
+    trip = java_round_trip(bootstrap, topic, group, round_trip_records(), protocol=protocol)
+    assert trip.brokers == brokers
+    assert trip.partitions == set(range(PARTITIONS))
+    assert trip.assigned == set(range(PARTITIONS)), trip.log
+    check_exactly_once_in_order(trip.consumed)
+    assert trip.extra == []
+    ends = end_offsets(trip.consumed)
+    assert trip.committed == ends
+    assert committed_offsets(bootstrap, group, topic, PARTITIONS) == ends  # read back by another client
+
+
+def test_java_transactions_hide_aborted_records(apache_kafka: KafkaCluster, target: tuple[str, list[tuple[int, str, int]]]) -> None:
+    bootstrap, _ = target
+    topic, group = _names("java-tx")
+    apache_kafka.create_topic(topic, PARTITIONS)
+    trip = java_round_trip(bootstrap, topic, group, round_trip_records(), aborted=1000)
+    assert not [r for r in trip.consumed + trip.extra if r[3].startswith(b"aborted")], "an aborted record was read"
+    check_exactly_once_in_order(trip.consumed)
+    assert trip.extra == []
+    # The committed positions are past the records: the commit and abort markers take offsets too.
+    ends = end_offsets(trip.consumed)
+    assert trip.committed is not None and all(trip.committed[p] > ends[p] for p in ends), (trip.committed, ends)
