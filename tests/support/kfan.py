@@ -12,7 +12,7 @@ from backends.mock import MockCluster
 from proxy.bench.processes import SERVING, Kfan
 from proxy.bench.processes import start_kfan as _start_kfan
 
-__all__ = ["SERVING", "Kfan", "kfan_for_session", "kfan_on", "start_kfan"]
+__all__ = ["SERVING", "Kfan", "kfan_at", "kfan_for_session", "kfan_on", "start_kfan"]
 
 
 def start_kfan(bootstrap: str, *extra: str, env: Mapping[str, str] | None = None, wait: bool = True) -> Kfan:
@@ -34,7 +34,14 @@ def kfan_for_session(bootstrap: str, name: str) -> Iterator[Kfan]:
 @contextmanager
 def kfan_on(cluster: MockCluster, *extra: str, bootstrap: str | None = None) -> Iterator[Kfan]:
     """kfan in front of ``cluster``, refreshing every second; it must survive and stop cleanly."""
-    k = start_kfan(bootstrap or cluster.bootstrap, "--metadata-refresh", "1", *extra)
+    with kfan_at(bootstrap or cluster.bootstrap, *extra) as k:
+        yield k
+
+
+@contextmanager
+def kfan_at(bootstrap: str, *extra: str) -> Iterator[Kfan]:
+    """kfan in front of the brokers at ``bootstrap``, refreshing every second; it must survive and stop cleanly."""
+    k = start_kfan(bootstrap, "--metadata-refresh", "1", *extra)
     try:
         yield k
     except BaseException:

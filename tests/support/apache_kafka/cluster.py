@@ -6,6 +6,10 @@ a consumer naming its rack reads from the replica there (KIP-392). Separate
 processes let a test stop, kill or restart one broker
 (:meth:`KafkaCluster.stop_broker`, :meth:`KafkaCluster.start_broker`).
 
+Each broker has two listeners: PLAINTEXT (:attr:`KafkaCluster.bootstrap`) for
+most tests, and SASL_SSL (:attr:`KafkaCluster.secure_bootstrap`) with Kafka's
+``StandardAuthorizer`` for the security tests (see :mod:`.security`).
+
 Each node's log dir is formatted once with Kafka's storage tool; its output
 (log4j2, to stdout) is kept in ``<workdir>/<node>.log`` for diagnosis, and
 the work directory is left in place when the cluster fails to start.
@@ -21,6 +25,7 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tests.support.apache_kafka import security
 from tests.support.apache_kafka.distribution import KAFKA_4, classpath
 from tests.support.processes import free_port, stop_process
 from tests.support.waiting import wait_for
@@ -45,6 +50,12 @@ logger.controller.level = WARN
 """
 
 
+def _jmx_flags(port: int) -> list[str]:
+    """Remote JMX on ``port`` (RMI on the same port), unauthenticated, on the loopback: the broker's own metrics."""
+    flags = {"port": port, "rmi.port": port, "authenticate": "false", "ssl": "false", "local.only": "true"}
+    return [f"-Dcom.sun.management.jmxremote.{k}={v}" for k, v in flags.items()] + ["-Djava.rmi.server.hostname=127.0.0.1"]
+
+
 def _cluster_id() -> str:
     """A random cluster id as Kafka makes them: URL-safe base64 of 16 bytes, never starting with "-"
     (the storage tool would take it for an option)."""
@@ -60,6 +71,8 @@ class _Node:
     port: int
     config: Path
     log_path: Path
+    secure_port: int = 0
+    jmx_port: int = 0
     process: subprocess.Popen[bytes] | None = None
 
 
@@ -71,10 +84,17 @@ class KafkaCluster:
     version: str = KAFKA_4
     extra_broker_config: dict[str, str] = field(default_factory=dict)
     nodes: dict[int, _Node] = field(default_factory=dict)
+    secured: security.Secured | None = None
+    _secure_props: dict[str, str] = field(default_factory=dict)
 
     @property
     def bootstrap(self) -> str:
         return ",".join(f"127.0.0.1:{n.port}" for n in self.nodes.values() if n.roles == "broker")
+
+    @property
+    def secure_bootstrap(self) -> str:
+        """The brokers' SASL_SSL listeners (trust :attr:`secured` ``.ca_file``; users in ``.users``)."""
+        return ",".join(f"127.0.0.1:{n.secure_port}" for n in self.nodes.values() if n.roles == "broker")
 
     @property
     def brokers(self) -> dict[int, tuple[str, int]]:
@@ -94,13 +114,14 @@ class KafkaCluster:
     def start(self) -> None:
         self.workdir.mkdir(parents=True, exist_ok=True)
         cp = classpath(self.version)
-        (self.workdir / "log4j2.properties").write_text(_LOG4J2)
+        (self.workdir / "log4j2.properties").write_text(_LOG4J2 + security.LOG4J2_AUTHORIZER)
+        self.secured, self._secure_props = security.prepare(self.workdir)
         cluster_id = _cluster_id()
         controller_port = free_port()
         voters = f"{CONTROLLER_ID}@127.0.0.1:{controller_port}"
         self.nodes[CONTROLLER_ID] = self._node(CONTROLLER_ID, "controller", controller_port, voters)
         for broker_id in BROKER_RACKS:
-            self.nodes[broker_id] = self._node(broker_id, "broker", free_port(), voters)
+            self.nodes[broker_id] = self._node(broker_id, "broker", free_port(), voters, free_port())
         self._format(cp, cluster_id)
         for node in self.nodes.values():
             self._launch(cp, node)
@@ -111,7 +132,7 @@ class KafkaCluster:
             seen=self.logs_tail,
         )
 
-    def _node(self, node_id: int, roles: str, port: int, voters: str) -> _Node:
+    def _node(self, node_id: int, roles: str, port: int, voters: str, secure_port: int = 0) -> _Node:
         data = self.workdir / f"node-{node_id}"
         props = {
             "process.roles": roles,
@@ -119,6 +140,7 @@ class KafkaCluster:
             "controller.quorum.voters": voters,
             "controller.listener.names": "CONTROLLER",
             "log.dirs": str(data),
+            **security.authorizer_props(),
         }
         if roles == "controller":
             props |= {
@@ -129,10 +151,11 @@ class KafkaCluster:
             }
         else:
             props |= {
-                "listeners": f"PLAINTEXT://127.0.0.1:{port}",
-                "advertised.listeners": f"PLAINTEXT://127.0.0.1:{port}",
+                "listeners": f"PLAINTEXT://127.0.0.1:{port},SASL_SSL://127.0.0.1:{secure_port}",
+                "advertised.listeners": f"PLAINTEXT://127.0.0.1:{port},SASL_SSL://127.0.0.1:{secure_port}",
                 "inter.broker.listener.name": "PLAINTEXT",
-                "listener.security.protocol.map": "CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT",
+                "listener.security.protocol.map": "CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT,SASL_SSL:SASL_SSL",
+                **self._secure_props,
                 "broker.rack": BROKER_RACKS[node_id],
                 "replica.selector.class": "org.apache.kafka.common.replica.RackAwareReplicaSelector",
                 "min.insync.replicas": "2",
@@ -147,17 +170,47 @@ class KafkaCluster:
             }
         config = self.workdir / f"node-{node_id}.properties"
         config.write_text("".join(f"{k}={v}\n" for k, v in props.items()))
-        return _Node(node_id, roles, port, config, self.workdir / f"node-{node_id}.log")
+        jmx_port = free_port() if roles == "broker" else 0
+        return _Node(node_id, roles, port, config, self.workdir / f"node-{node_id}.log", secure_port, jmx_port)
 
-    def _java(self, cp: str, main: str, *args: str) -> list[str]:
+    def _java(self, cp: str, main: str, *args: str, node_id: int = 0) -> list[str]:
         java = shutil.which("java") or "java"
-        return [java, HEAP, f"-Dlog4j2.configurationFile={self.workdir / 'log4j2.properties'}", "-cp", cp, main, *args]
+        logs = [
+            f"-Dlog4j2.configurationFile={self.workdir / 'log4j2.properties'}",
+            f"-Dkfan.authorizer.log={self.authorizer_log_path(node_id)}",
+        ]
+        node = self.nodes.get(node_id)
+        jmx = _jmx_flags(node.jmx_port) if node is not None and node.jmx_port else []
+        return [java, HEAP, *logs, *jmx, "-cp", cp, main, *args]
+
+    def metric(self, broker_id: int, mbean: str, attribute: str = "Count") -> float:
+        """One attribute of one of the broker's own metrics (a JMX MBean), read with Kafka's JmxTool;
+        0 when the broker has not created the MBean (Kafka makes per-topic metrics on first use)."""
+        from tests.support.apache_kafka.tools import run_tool
+
+        url = f"service:jmx:rmi:///jndi/rmi://127.0.0.1:{self.nodes[broker_id].jmx_port}/jmxrmi"
+        out = run_tool("kafka-jmx", "--jmx-url", url, "--object-name", mbean, "--attributes", attribute, "--one-time", "true").out
+        # CSV: a header naming each "<mbean>:<attribute>", then one row of values (time first).
+        lines = [line for line in out.splitlines() if line.strip()]
+        if len(lines) < 2 or f":{attribute}" not in lines[0]:
+            return 0.0
+        return float(lines[-1].split(",")[-1].strip('"'))
+
+    def authorizer_log_path(self, node_id: int) -> Path:
+        return self.workdir / f"authorizer-{node_id}.log"
+
+    def authorizer_log(self) -> str:
+        """Every broker's authorizer decisions so far (principals other than ANONYMOUS)."""
+        paths = [self.authorizer_log_path(i) for i in self.brokers]
+        return "".join(p.read_text(errors="replace") for p in paths if p.exists())
 
     def _format(self, cp: str, cluster_id: str) -> None:
         """Every node's log dir, formatted with Kafka's storage tool (all at once: each is a JVM of seconds)."""
+        assert self.secured is not None
+        scram = security.scram_format_args(self.secured.users)
         formats = {
             n.node_id: subprocess.Popen(
-                self._java(cp, "kafka.tools.StorageTool", "format", "-t", cluster_id, "-c", str(n.config)),
+                self._java(cp, "kafka.tools.StorageTool", "format", "-t", cluster_id, "-c", str(n.config), *scram),
                 stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT,
                 text=True,
@@ -171,7 +224,9 @@ class KafkaCluster:
 
     def _launch(self, cp: str, node: _Node) -> None:
         out = open(node.log_path, "ab")  # noqa: SIM115 (the child writes to it until it ends)
-        node.process = subprocess.Popen(self._java(cp, "kafka.Kafka", str(node.config)), stdout=out, stderr=subprocess.STDOUT)
+        node.process = subprocess.Popen(
+            self._java(cp, "kafka.Kafka", str(node.config), node_id=node.node_id), stdout=out, stderr=subprocess.STDOUT
+        )
         out.close()
 
     def _all_brokers_up(self) -> bool:
@@ -201,11 +256,41 @@ class KafkaCluster:
                 stop_process(node.process, 30)
                 node.process = None
 
-    def create_topic(self, name: str, partitions: int, replication_factor: int = 3, config: dict[str, str] | None = None) -> None:
+    def stop_broker(self, broker_id: int, *, kill: bool = False) -> None:
+        """Stop one broker: a controlled shutdown (SIGTERM), or ``kill``: SIGKILL, as a crash would."""
+        node = self.nodes[broker_id]
+        assert node.process is not None, f"broker {broker_id} is not running"
+        if kill:
+            node.process.kill()
+            node.process.wait(30)
+        else:
+            stop_process(node.process, 60)
+        node.process = None
+
+    def start_broker(self, broker_id: int) -> None:
+        """Start a stopped broker again, with its log dir and ports as they were."""
+        node = self.nodes[broker_id]
+        assert node.process is None, f"broker {broker_id} is running"
+        self._launch(classpath(self.version), node)
+
+    def create_topic(
+        self,
+        name: str,
+        partitions: int,
+        replication_factor: int = 3,
+        config: dict[str, str] | None = None,
+        replicas: list[list[int]] | None = None,
+    ) -> None:
+        """``replicas``: each partition's replicas, its preferred leader first (default: Kafka places them)."""
         from confluent_kafka.admin import AdminClient, NewTopic
 
         admin = AdminClient({"bootstrap.servers": self.bootstrap})
-        futures = admin.create_topics([NewTopic(name, partitions, replication_factor, config=config or {})], operation_timeout=30)
+        if replicas is not None:
+            assert len(replicas) == partitions and all(len(r) == replication_factor for r in replicas)
+            new = NewTopic(name, partitions, replica_assignment=replicas, config=config or {})
+        else:
+            new = NewTopic(name, partitions, replication_factor, config=config or {})
+        futures = admin.create_topics([new], operation_timeout=30)
         futures[name].result(60)
         # Every partition's leader known to every broker before a test produces to it.
         deadline = time.monotonic() + 30

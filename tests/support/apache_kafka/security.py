@@ -1,0 +1,109 @@
+"""The Apache Kafka cluster's secured side: a SASL_SSL listener on every broker and Kafka's own authorizer.
+
+Each broker gets a second listener, ``SASL_SSL``, serving SCRAM-SHA-512 (users
+added at format time, as ``kafka-storage format --add-scram`` does), PLAIN
+(users in the listener's JAAS line) and OAUTHBEARER with Kafka's unsecured
+validator (tokens signed with ``alg: none``, for tests only). Its certificate
+comes from a CA of the test run's own; the CA file is what clients trust.
+
+Every node runs ``StandardAuthorizer`` (the KRaft authorizer; ACLs live in the
+metadata log, so controllers need it too). Super users: ``kfan`` (kfan's own
+identity at the brokers) and ``ANONYMOUS``, the principal of the PLAINTEXT
+listeners, so the tests that use those, the brokers among themselves and the
+controller see no change. Every other principal needs ACLs.
+
+The authorizer's decisions (Kafka's ``kafka.authorizer.logger``: denials at
+INFO, allowed requests at DEBUG) go to ``authorizer-<node>.log``, without the
+super user ``ANONYMOUS``'s (the whole suite's traffic).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from cryptography.hazmat.primitives import serialization
+
+from tests.support.certs import Authority
+
+USERS = {"kfan": "kfan-secret", "alice": "alice-secret", "bob": "bob-secret"}
+SUPER_USERS = "User:kfan;User:ANONYMOUS"
+AUTHORIZER = "org.apache.kafka.metadata.authorizer.StandardAuthorizer"
+SCRAM = "SCRAM-SHA-512"
+
+LOG4J2_AUTHORIZER = """\
+appender.authz.type = File
+appender.authz.name = AUTHZ
+appender.authz.fileName = ${sys:kfan.authorizer.log}
+appender.authz.layout.type = PatternLayout
+appender.authz.layout.pattern = [%d] %p %m%n
+appender.authz.filter.anonymous.type = RegexFilter
+appender.authz.filter.anonymous.regex = .*User:ANONYMOUS.*
+appender.authz.filter.anonymous.onMatch = DENY
+appender.authz.filter.anonymous.onMismatch = ACCEPT
+logger.authz.name = kafka.authorizer.logger
+logger.authz.level = DEBUG
+logger.authz.additivity = false
+logger.authz.appenderRef.authz.ref = AUTHZ
+"""
+
+
+@dataclass(frozen=True)
+class Secured:
+    """What clients of the secured listener need: the CA to trust and the users' passwords."""
+
+    ca_file: Path
+    users: dict[str, str]
+
+
+def _inline(pem: bytes) -> str:
+    """A PEM block as one properties-file value (``\\n`` escapes: Java's Properties turns them back)."""
+    return pem.decode().strip().replace("\n", "\\n")
+
+
+def prepare(workdir: Path, users: dict[str, str] = USERS) -> tuple[Secured, dict[str, str]]:
+    """The secured listener's certificate and users; returns them and the broker properties they need
+    (the listener itself is named by the caller, who picks its port)."""
+    authority = Authority("apache-kafka")
+    server = authority.server(workdir / "tls", "localhost", "127.0.0.1")
+    # Kafka's PEM key store reads PKCS#8 keys only; trustme writes the traditional RSA form.
+    key = serialization.load_pem_private_key(server.key.read_bytes(), password=None)
+    pkcs8 = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+    plain_users = " ".join(f'user_{name}="{password}"' for name, password in users.items())
+    props = {
+        "sasl.enabled.mechanisms": f"{SCRAM},PLAIN,OAUTHBEARER",
+        "ssl.keystore.type": "PEM",
+        "ssl.keystore.key": _inline(pkcs8),
+        "ssl.keystore.certificate.chain": _inline(server.cert.read_bytes()),
+        "listener.name.sasl_ssl.scram-sha-512.sasl.jaas.config": "org.apache.kafka.common.security.scram.ScramLoginModule required;",
+        "listener.name.sasl_ssl.plain.sasl.jaas.config": f"org.apache.kafka.common.security.plain.PlainLoginModule required {plain_users};",
+        "listener.name.sasl_ssl.oauthbearer.sasl.jaas.config": (
+            'org.apache.kafka.common.security.oauthbearer.OAuthBearerLoginModule required unsecuredLoginStringClaim_sub="kfan";'
+        ),
+    }
+    return Secured(server.ca, dict(users)), props
+
+
+def authorizer_props() -> dict[str, str]:
+    return {"authorizer.class.name": AUTHORIZER, "super.users": SUPER_USERS}
+
+
+def scram_format_args(users: dict[str, str]) -> list[str]:
+    """``format`` arguments that add each user's SCRAM-SHA-512 credentials to the metadata log."""
+    args: list[str] = []
+    for name, password in users.items():
+        args += ["--add-scram", f"{SCRAM}=[name={name},password={password}]"]
+    return args
+
+
+def unsecured_token(sub: str, lifetime_s: float = 3600.0) -> str:
+    """A token Kafka's unsecured validator accepts: ``alg: none``, no signature, ``sub`` the principal."""
+
+    def part(obj: dict[str, object]) -> str:
+        return base64.urlsafe_b64encode(json.dumps(obj).encode()).decode().rstrip("=")
+
+    now = int(time.time())
+    return f"{part({'alg': 'none'})}.{part({'sub': sub, 'iat': now, 'exp': now + int(lifetime_s)})}."
