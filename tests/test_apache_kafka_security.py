@@ -27,7 +27,7 @@ import pytest
 from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 
 from tests.support.apache_kafka.cluster import KafkaCluster
-from tests.support.apache_kafka.security import SCRAM, unsecured_token
+from tests.support.apache_kafka.security import AUDIENCE, SCRAM, unsecured_token
 from tests.support.apache_kafka.tools import run_tool
 from tests.support.client_security import ClientSecurity
 from tests.support.kfan import Kfan, kfan_at
@@ -167,3 +167,40 @@ def test_the_brokers_authorize_each_client_by_its_own_principal(apache_kafka: Ka
     assert "User:alice is Allowed operation = READ" in log, log[-3000:]
     assert "User:bob is Allowed operation = READ" in log, log[-3000:]
     assert not re.search(r"User:kfan is \w+ operation = (WRITE|READ)", log), "kfan wrote or read orders as itself"
+
+
+def test_oauthbearer_clients_carried_to_the_brokers(apache_kafka: KafkaCluster, orders: str, tmp_path: Path) -> None:
+    """An OAUTHBEARER client through ``--broker-identity client``: kfan checks the token against the JWKS and hands
+    the same token to the brokers' ``OAUTH`` listener, whose validator (Kafka's, on the same JWKS) names the principal.
+
+    Kafka's unsecured validator (the ``SASL_SSL`` listener) accepts only unsigned tokens, which kfan refuses from
+    clients; carrying needs brokers that validate signed tokens, as production brokers do."""
+    secured = apache_kafka.secured
+    assert secured is not None
+    user = f"carol-{uuid.uuid4().hex[:6]}"  # a principal of this test's own: its decisions are its own lines
+    _acls(apache_kafka, apache_kafka.bootstrap, "--add", "--allow-principal", f"User:{user}", "--producer", "--topic", orders)
+    to_brokers = _to_brokers(apache_kafka, tmp_path)
+    client_auth = (
+        "--client-auth",
+        "sasl",
+        "--broker-identity",
+        "client",
+        "--client-oauth-jwks",
+        str(secured.jwks_file),
+        "--client-oauth-audience",
+        AUDIENCE,
+    )
+    records = keyed_records(300)
+    with kfan_at(apache_kafka.oauth_bootstrap, *to_brokers, *client_auth) as k:
+        security = ClientSecurity(mechanism="OAUTHBEARER", token=lambda: secured.token(user))
+        producer = Producer({"bootstrap.servers": k.bootstrap, **security.librdkafka()})
+        failures: list[str] = []
+        for key, value in records:
+            producer.produce(orders, key=key, value=value, on_delivery=lambda err, _m: err and failures.append(str(err)))
+        assert producer.flush(60) == 0
+        assert failures == []
+    wait_for(
+        f"{user}'s OAUTHBEARER writes in the authorizer log",
+        lambda: f"User:{user} is Allowed operation = WRITE" in apache_kafka.authorizer_log(),
+        30,
+    )

@@ -72,6 +72,7 @@ class _Node:
     config: Path
     log_path: Path
     secure_port: int = 0
+    oauth_port: int = 0
     jmx_port: int = 0
     process: subprocess.Popen[bytes] | None = None
 
@@ -95,6 +96,11 @@ class KafkaCluster:
     def secure_bootstrap(self) -> str:
         """The brokers' SASL_SSL listeners (trust :attr:`secured` ``.ca_file``; users in ``.users``)."""
         return ",".join(f"127.0.0.1:{n.secure_port}" for n in self.nodes.values() if n.roles == "broker")
+
+    @property
+    def oauth_bootstrap(self) -> str:
+        """The brokers' ``OAUTH`` listeners: SCRAM-SHA-512, or OAUTHBEARER with JWTs from ``secured.token``."""
+        return ",".join(f"127.0.0.1:{n.oauth_port}" for n in self.nodes.values() if n.roles == "broker")
 
     @property
     def brokers(self) -> dict[int, tuple[str, int]]:
@@ -121,7 +127,7 @@ class KafkaCluster:
         voters = f"{CONTROLLER_ID}@127.0.0.1:{controller_port}"
         self.nodes[CONTROLLER_ID] = self._node(CONTROLLER_ID, "controller", controller_port, voters)
         for broker_id in BROKER_RACKS:
-            self.nodes[broker_id] = self._node(broker_id, "broker", free_port(), voters, free_port())
+            self.nodes[broker_id] = self._node(broker_id, "broker", free_port(), voters, free_port(), free_port())
         self._format(cp, cluster_id)
         for node in self.nodes.values():
             self._launch(cp, node)
@@ -132,7 +138,7 @@ class KafkaCluster:
             seen=self.logs_tail,
         )
 
-    def _node(self, node_id: int, roles: str, port: int, voters: str, secure_port: int = 0) -> _Node:
+    def _node(self, node_id: int, roles: str, port: int, voters: str, secure_port: int = 0, oauth_port: int = 0) -> _Node:
         data = self.workdir / f"node-{node_id}"
         props = {
             "process.roles": roles,
@@ -150,11 +156,12 @@ class KafkaCluster:
                 "min.insync.replicas": "2",
             }
         else:
+            listeners = f"PLAINTEXT://127.0.0.1:{port},SASL_SSL://127.0.0.1:{secure_port},OAUTH://127.0.0.1:{oauth_port}"
             props |= {
-                "listeners": f"PLAINTEXT://127.0.0.1:{port},SASL_SSL://127.0.0.1:{secure_port}",
-                "advertised.listeners": f"PLAINTEXT://127.0.0.1:{port},SASL_SSL://127.0.0.1:{secure_port}",
+                "listeners": listeners,
+                "advertised.listeners": listeners,
                 "inter.broker.listener.name": "PLAINTEXT",
-                "listener.security.protocol.map": "CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT,SASL_SSL:SASL_SSL",
+                "listener.security.protocol.map": "CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT,SASL_SSL:SASL_SSL,OAUTH:SASL_SSL",
                 **self._secure_props,
                 "broker.rack": BROKER_RACKS[node_id],
                 "replica.selector.class": "org.apache.kafka.common.replica.RackAwareReplicaSelector",
@@ -171,7 +178,7 @@ class KafkaCluster:
         config = self.workdir / f"node-{node_id}.properties"
         config.write_text("".join(f"{k}={v}\n" for k, v in props.items()))
         jmx_port = free_port() if roles == "broker" else 0
-        return _Node(node_id, roles, port, config, self.workdir / f"node-{node_id}.log", secure_port, jmx_port)
+        return _Node(node_id, roles, port, config, self.workdir / f"node-{node_id}.log", secure_port, oauth_port, jmx_port)
 
     def _java(self, cp: str, main: str, *args: str, node_id: int = 0) -> list[str]:
         java = shutil.which("java") or "java"
@@ -181,7 +188,8 @@ class KafkaCluster:
         ]
         node = self.nodes.get(node_id)
         jmx = _jmx_flags(node.jmx_port) if node is not None and node.jmx_port else []
-        return [java, HEAP, *logs, *jmx, "-cp", cp, main, *args]
+        oauth = security.java_flags(self.secured) if self.secured is not None else []
+        return [java, HEAP, *logs, *jmx, *oauth, "-cp", cp, main, *args]
 
     def metric(self, broker_id: int, mbean: str, attribute: str = "Count") -> float:
         """One attribute of one of the broker's own metrics (a JMX MBean), read with Kafka's JmxTool;

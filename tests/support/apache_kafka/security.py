@@ -3,8 +3,12 @@
 Each broker gets a second listener, ``SASL_SSL``, serving SCRAM-SHA-512 (users
 added at format time, as ``kafka-storage format --add-scram`` does), PLAIN
 (users in the listener's JAAS line) and OAUTHBEARER with Kafka's unsecured
-validator (tokens signed with ``alg: none``, for tests only). Its certificate
-comes from a CA of the test run's own; the CA file is what clients trust.
+validator (tokens with ``alg: none`` and no signature, for tests only). A third,
+``OAUTH`` (also SASL_SSL), serves SCRAM-SHA-512 and OAUTHBEARER checked the way
+production brokers check it: Kafka's ``OAuthBearerValidatorCallbackHandler``
+verifying signed JWTs against a JWKS (a file here; :meth:`Secured.token` signs
+with its key). Certificates come from a CA of the test run's own; the CA file
+is what clients trust.
 
 Every node runs ``StandardAuthorizer`` (the KRaft authorizer; ACLs live in the
 metadata log, so controllers need it too). Super users: ``kfan`` (kfan's own
@@ -22,10 +26,14 @@ from __future__ import annotations
 import base64
 import json
 import time
-from dataclasses import dataclass
+import uuid
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
+import jwt
 from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import rsa
 
 from tests.support.certs import Authority
 
@@ -53,10 +61,30 @@ logger.authz.appenderRef.authz.ref = AUTHZ
 
 @dataclass(frozen=True)
 class Secured:
-    """What clients of the secured listener need: the CA to trust and the users' passwords."""
+    """What clients of the secured listeners need: the CA to trust, the users' passwords, tokens for ``OAUTH``."""
 
     ca_file: Path
     users: dict[str, str]
+    jwks_file: Path
+    key: Any = field(repr=False)
+    kid: str = ""
+
+    def token(self, sub: str, lifetime_s: float = 600.0) -> str:
+        """An RS256 JWT for ``sub`` that the ``OAUTH`` listener (and a kfan given :attr:`jwks_file`) accepts."""
+        now = int(time.time())
+        claims = {"sub": sub, "aud": AUDIENCE, "iss": ISSUER, "iat": now, "exp": now + int(lifetime_s)}
+        return jwt.encode(claims, self.key, algorithm="RS256", headers={"kid": self.kid})
+
+
+OAUTH_LISTENER = "OAUTH"
+# Kafka 4.4's validator insists on checking both (it refuses to start without them):
+AUDIENCE, ISSUER = "kfan-tests-kafka", "https://issuer.kfan.test"
+VALIDATOR = "org.apache.kafka.common.security.oauthbearer.OAuthBearerValidatorCallbackHandler"
+
+
+def java_flags(secured: Secured) -> list[str]:
+    """Kafka 4 fetches a JWKS only from URLs this system property allows."""
+    return [f"-Dorg.apache.kafka.sasl.oauthbearer.allowed.urls={secured.jwks_file.as_uri()}"]
 
 
 def _inline(pem: bytes) -> str:
@@ -70,9 +98,15 @@ def prepare(workdir: Path, users: dict[str, str] = USERS) -> tuple[Secured, dict
     authority = Authority("apache-kafka")
     server = authority.server(workdir / "tls", "localhost", "127.0.0.1")
     # Kafka's PEM key store reads PKCS#8 keys only; trustme writes the traditional RSA form.
-    key = serialization.load_pem_private_key(server.key.read_bytes(), password=None)
-    pkcs8 = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+    tls_key = serialization.load_pem_private_key(server.key.read_bytes(), password=None)
+    pkcs8 = tls_key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
     plain_users = " ".join(f'user_{name}="{password}"' for name, password in users.items())
+    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    kid = uuid.uuid4().hex[:12]
+    jwk = json.loads(jwt.algorithms.RSAAlgorithm.to_jwk(key.public_key()))
+    jwks = workdir / "jwks.json"
+    jwks.write_text(json.dumps({"keys": [{**jwk, "kid": kid, "alg": "RS256", "use": "sig"}]}))
+    oauth = OAUTH_LISTENER.lower()
     props = {
         "sasl.enabled.mechanisms": f"{SCRAM},PLAIN,OAUTHBEARER",
         "ssl.keystore.type": "PEM",
@@ -83,8 +117,15 @@ def prepare(workdir: Path, users: dict[str, str] = USERS) -> tuple[Secured, dict
         "listener.name.sasl_ssl.oauthbearer.sasl.jaas.config": (
             'org.apache.kafka.common.security.oauthbearer.OAuthBearerLoginModule required unsecuredLoginStringClaim_sub="kfan";'
         ),
+        f"listener.name.{oauth}.sasl.enabled.mechanisms": f"{SCRAM},OAUTHBEARER",
+        f"listener.name.{oauth}.scram-sha-512.sasl.jaas.config": "org.apache.kafka.common.security.scram.ScramLoginModule required;",
+        f"listener.name.{oauth}.oauthbearer.sasl.jaas.config": "org.apache.kafka.common.security.oauthbearer.OAuthBearerLoginModule required;",
+        f"listener.name.{oauth}.oauthbearer.sasl.server.callback.handler.class": VALIDATOR,
+        "sasl.oauthbearer.jwks.endpoint.url": jwks.as_uri(),
+        "sasl.oauthbearer.expected.audience": AUDIENCE,
+        "sasl.oauthbearer.expected.issuer": ISSUER,
     }
-    return Secured(server.ca, dict(users)), props
+    return Secured(server.ca, dict(users), jwks, key, kid), props
 
 
 def authorizer_props() -> dict[str, str]:
