@@ -3,7 +3,7 @@
 Each case runs the command as its users do, a child process, against one
 kind of brokers: the embedded cluster (no arguments), the embedded cluster
 run alone by `kfan cluster` (no CreateTopics: the brokers auto-create the
-topic), and Tansu (a real single broker; `--json`). The checks: every figure
+topic), Tansu (a real single broker; `--json`) and Apache Kafka's three brokers. The checks: every figure
 of the table is there and matches the JSON line, every number is finite and
 positive where it must be, ratios are kfan / direct and overheads kfan -
 direct (within the rounding), "one core carries" is 1000 / CPU ms per MB.
@@ -22,6 +22,8 @@ from typing import Any
 import pytest
 
 from tests.support import ROOT
+from tests.support.apache_kafka.cluster import KafkaCluster
+from tests.support.apache_kafka.tools import run_tool
 from tests.support.processes import follow_output, stop_process
 from tests.support.tansu import Tansu
 
@@ -170,3 +172,15 @@ def test_unreachable_cluster_fails_with_a_message() -> None:
     assert done.returncode != 0
     assert done.stdout == ""
     assert "kfan bench: failed: no broker at 127.0.0.1:1 answered" in done.stderr
+
+
+def test_bootstrap_apache_kafka(apache_kafka: KafkaCluster) -> None:
+    """Against Apache Kafka's three brokers: the topic is created with replication 3 and deleted at the end."""
+    done = bench("--bootstrap", apache_kafka.bootstrap)
+    assert done.returncode == 0, done.stderr
+    r = json_line(done.stdout)
+    check_figures(r, "external", slow_fetch=False)
+    check_table(done.stdout, r)
+    assert r["brokers"] == 3 and r["bootstrap"] == apache_kafka.bootstrap
+    assert "created (replication 3), deleted at the end" in done.stderr
+    assert r["topic"] not in run_tool("kafka-topics", "--bootstrap-server", apache_kafka.bootstrap, "--list").out.split()

@@ -1,7 +1,9 @@
 """The reference Java client (kafka-clients 4.4) against Apache Kafka, directly and through kfan, with the same checks.
 
 Produce with an idempotent producer (acks=all), consume in a group with
-commits, under both group protocols (``classic`` and KIP-848's ``consumer``);
+commits, under both group protocols (``classic`` and KIP-848's ``consumer``),
+then ask the admin client for the group's offsets, state and type and the
+topic's end offsets;
 and transactions: a committed batch and an aborted one, read read_committed,
 where the aborted records must stay invisible through kfan exactly as
 directly (the mock's Fetch ignores transaction markers, so only a real
@@ -50,6 +52,10 @@ def test_java_round_trip(apache_kafka: KafkaCluster, target: tuple[str, list[tup
     ends = end_offsets(trip.consumed)
     assert trip.committed == ends
     assert committed_offsets(bootstrap, group, topic, PARTITIONS) == ends  # read back by another client
+    # The admin client, through the same address: the group's offsets, its state and type, the log ends.
+    assert trip.group_offsets == ends
+    assert (trip.group_state, trip.group_members, trip.group_type) == ("Empty", 0, protocol.capitalize()), trip.log
+    assert trip.end_offsets == ends
 
 
 def test_java_transactions_hide_aborted_records(apache_kafka: KafkaCluster, target: tuple[str, list[tuple[int, str, int]]]) -> None:
@@ -63,3 +69,5 @@ def test_java_transactions_hide_aborted_records(apache_kafka: KafkaCluster, targ
     # The committed positions are past the records: the commit and abort markers take offsets too.
     ends = end_offsets(trip.consumed)
     assert trip.committed is not None and all(trip.committed[p] > ends[p] for p in ends), (trip.committed, ends)
+    assert trip.group_offsets == trip.committed
+    assert trip.end_offsets == trip.committed  # the last stable offset: past the abort marker

@@ -16,6 +16,7 @@
 //   committed <partition> <offset>
 import java.time.Duration;
 import java.util.ArrayList;
+import java.util.HashMap;
 import java.util.List;
 import java.util.Map;
 import java.util.Properties;
@@ -24,6 +25,9 @@ import java.util.concurrent.Future;
 
 import org.apache.kafka.clients.admin.Admin;
 import org.apache.kafka.clients.admin.AdminClientConfig;
+import org.apache.kafka.clients.admin.ConsumerGroupDescription;
+import org.apache.kafka.clients.admin.ListOffsetsResult;
+import org.apache.kafka.clients.admin.OffsetSpec;
 import org.apache.kafka.clients.consumer.ConsumerConfig;
 import org.apache.kafka.clients.consumer.ConsumerRecord;
 import org.apache.kafka.clients.consumer.KafkaConsumer;
@@ -118,6 +122,24 @@ public class RoundTrip {
                 if (e.getValue() != null) {
                     System.out.println("committed " + e.getKey().partition() + " " + e.getValue().offset());
                 }
+            }
+        }
+
+        // The admin client's view of the same group and topic, once the member has left:
+        // OffsetFetch, DescribeGroups or ConsumerGroupDescribe (by the group's protocol), ListOffsets.
+        try (Admin admin = Admin.create(a)) {
+            for (Map.Entry<TopicPartition, OffsetAndMetadata> e : admin.listConsumerGroupOffsets(group).partitionsToOffsetAndMetadata().get().entrySet()) {
+                System.out.println("admin-committed " + e.getKey().partition() + " " + e.getValue().offset());
+            }
+            ConsumerGroupDescription described = admin.describeConsumerGroups(List.of(group)).describedGroups().get(group).get();
+            System.out.println("admin-group " + described.groupState() + " " + described.members().size() + " " + described.type());
+            Map<TopicPartition, OffsetSpec> latest = new HashMap<>();
+            int count = admin.describeTopics(List.of(topic)).allTopicNames().get().get(topic).partitions().size();
+            for (int i = 0; i < count; i++) {
+                latest.put(new TopicPartition(topic, i), OffsetSpec.latest());
+            }
+            for (Map.Entry<TopicPartition, ListOffsetsResult.ListOffsetsResultInfo> e : admin.listOffsets(latest).all().get().entrySet()) {
+                System.out.println("admin-end " + e.getKey().partition() + " " + e.getValue().offset());
             }
         }
     }

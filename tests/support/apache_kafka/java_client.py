@@ -12,6 +12,7 @@ import fcntl
 import hashlib
 import shutil
 import subprocess
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from tests.support.apache_kafka.distribution import KAFKA_4, cache_root, classpath
@@ -44,7 +45,7 @@ def _classes(version: str) -> Path:
 
 def java_round_trip(
     bootstrap: str, topic: str, group: str, records: Records, *, protocol: str = "classic", aborted: int = 0, version: str = KAFKA_4
-) -> Trip:
+) -> JavaTrip:
     """The Java client's round trip of ``len(records)`` records (its own: key-<i % 500>, value <i>; the
     records given only set the count), consumed read_committed by a member of ``group`` using ``protocol``;
     ``aborted``: that many more records written in an aborted transaction after a committed one."""
@@ -80,4 +81,24 @@ def java_round_trip(
             assigned.add(int(fields[0]))
         elif kind == "committed":
             committed[int(fields[0])] = int(fields[1])
-    return Trip(consumed, sorted(brokers), set(range(partitions)), assigned, extra, committed=committed, log=done.stderr[-3000:])
+    trip = JavaTrip(consumed, sorted(brokers), set(range(partitions)), assigned, extra, committed=committed, log=done.stderr[-3000:])
+    for line in done.stdout.splitlines():
+        kind, *fields = line.split(" ")
+        if kind == "admin-committed":
+            trip.group_offsets[int(fields[0])] = int(fields[1])
+        elif kind == "admin-end":
+            trip.end_offsets[int(fields[0])] = int(fields[1])
+        elif kind == "admin-group":
+            trip.group_state, trip.group_members, trip.group_type = fields[0], int(fields[1]), fields[2]
+    return trip
+
+
+@dataclass
+class JavaTrip(Trip):
+    """A round trip, and what the Java admin client said afterwards of the group and the topic."""
+
+    group_offsets: dict[int, int] = field(default_factory=dict)  # listConsumerGroupOffsets
+    end_offsets: dict[int, int] = field(default_factory=dict)  # listOffsets(latest)
+    group_state: str = ""  # describeConsumerGroups: state, members, type (CLASSIC or CONSUMER)
+    group_members: int = -1
+    group_type: str = ""
