@@ -6,8 +6,11 @@ a consumer naming its rack reads from the replica there (KIP-392). Separate
 processes let a test stop, kill or restart one broker
 (:meth:`KafkaCluster.stop_broker`, :meth:`KafkaCluster.start_broker`).
 
-Each node's log dir is formatted once with Kafka's storage tool; its output
-(log4j2, to stdout) is kept in ``<workdir>/<node>.log`` for diagnosis, and
+Any version :mod:`distribution` resolves: Kafka 4 (the default) or Kafka 3.9
+(``version=KAFKA_3``, for the request versions Kafka 4 removed). Each node's
+log dir is formatted once with Kafka's storage tool; its output (to stdout,
+through log4j2 for Kafka 4, reload4j (log4j 1) for Kafka 3, each configured
+with the same levels) is kept in ``<workdir>/<node>.log`` for diagnosis, and
 the work directory is left in place when the cluster fails to start.
 """
 
@@ -21,7 +24,7 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tests.support.apache_kafka.distribution import KAFKA_4, classpath
+from tests.support.apache_kafka.distribution import KAFKA_4, classpath, logs_through_reload4j
 from tests.support.processes import free_port, stop_process
 from tests.support.waiting import wait_for
 
@@ -42,6 +45,16 @@ logger.server.name = kafka.server.KafkaRaftServer
 logger.server.level = INFO
 logger.controller.name = org.apache.kafka.controller
 logger.controller.level = WARN
+"""
+# The same, for Kafka 3's reload4j (log4j 1 properties: log4j2's would be ignored, and log4j 1
+# without a configuration prints nothing but a warning).
+_LOG4J1 = """\
+log4j.rootLogger=WARN, stdout
+log4j.appender.stdout=org.apache.log4j.ConsoleAppender
+log4j.appender.stdout.layout=org.apache.log4j.PatternLayout
+log4j.appender.stdout.layout.ConversionPattern=[%d] %p %m (%c)%n
+log4j.logger.kafka.server.KafkaRaftServer=INFO
+log4j.logger.org.apache.kafka.controller=WARN
 """
 
 
@@ -94,7 +107,7 @@ class KafkaCluster:
     def start(self) -> None:
         self.workdir.mkdir(parents=True, exist_ok=True)
         cp = classpath(self.version)
-        (self.workdir / "log4j2.properties").write_text(_LOG4J2)
+        self._log_config().write_text(_LOG4J1 if logs_through_reload4j(self.version) else _LOG4J2)
         cluster_id = _cluster_id()
         controller_port = free_port()
         voters = f"{CONTROLLER_ID}@127.0.0.1:{controller_port}"
@@ -149,9 +162,16 @@ class KafkaCluster:
         config.write_text("".join(f"{k}={v}\n" for k, v in props.items()))
         return _Node(node_id, roles, port, config, self.workdir / f"node-{node_id}.log")
 
+    def _log_config(self) -> Path:
+        return self.workdir / ("log4j.properties" if logs_through_reload4j(self.version) else "log4j2.properties")
+
     def _java(self, cp: str, main: str, *args: str) -> list[str]:
         java = shutil.which("java") or "java"
-        return [java, HEAP, f"-Dlog4j2.configurationFile={self.workdir / 'log4j2.properties'}", "-cp", cp, main, *args]
+        if logs_through_reload4j(self.version):
+            logging = f"-Dlog4j.configuration={self._log_config().as_uri()}"
+        else:
+            logging = f"-Dlog4j2.configurationFile={self._log_config()}"
+        return [java, HEAP, logging, "-cp", cp, main, *args]
 
     def _format(self, cp: str, cluster_id: str) -> None:
         """Every node's log dir, formatted with Kafka's storage tool (all at once: each is a JVM of seconds)."""
