@@ -1,4 +1,4 @@
-"""Fixtures: the embedded multi-broker cluster, Apache Kafka, the real kfan process in front of each, kcat.
+"""Fixtures: the embedded multi-broker cluster, Apache Kafka 4 and 3.9, the real kfan process in front of each, kcat.
 
 And hypothesis's settings for the whole suite: no property test may fail because the
 machine is slow (no deadline, no too-slow health check) or replay what an earlier run
@@ -15,6 +15,7 @@ from hypothesis import HealthCheck, settings
 
 from backends.mock import MockCluster
 from tests.support.apache_kafka.cluster import KafkaCluster
+from tests.support.apache_kafka.distribution import KAFKA_3
 from tests.support.kcat import Kcat, KcatUnavailable, ensure_kcat
 from tests.support.kfan import Kfan, kfan_for_session
 from tests.support.tansu import Tansu
@@ -64,6 +65,24 @@ def apache_kafka(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaClus
 def kfan_kafka(apache_kafka: KafkaCluster) -> Iterator[Kfan]:
     """kfan in front of Apache Kafka."""
     yield from kfan_for_session(apache_kafka.bootstrap, "kfan (apache kafka)")
+
+
+@pytest.fixture(scope="session")
+def apache_kafka_3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaCluster]:
+    """Apache Kafka 3.9, the last line serving the request versions Kafka 4 removed (KIP-896), for old
+    clients: the same layout as ``apache_kafka``. Started only when a test asks for it (four more JVMs).
+
+    Its nodes' logs stay in pytest's temporary directory (``apache-kafka-3*``)."""
+    with KafkaCluster(tmp_path_factory.mktemp("apache-kafka-3"), version=KAFKA_3) as kafka:
+        yield kafka
+        dead = [n.node_id for n in kafka.nodes.values() if n.process is not None and n.process.poll() is not None]
+        assert not dead, f"Apache Kafka 3 nodes {dead} died during the session:\n{kafka.logs_tail()}"
+
+
+@pytest.fixture(scope="session")
+def kfan_kafka_3(apache_kafka_3: KafkaCluster) -> Iterator[Kfan]:
+    """kfan in front of Apache Kafka 3.9."""
+    yield from kfan_for_session(apache_kafka_3.bootstrap, "kfan (apache kafka 3)")
 
 
 _topics = iter(range(1, 1_000_000))

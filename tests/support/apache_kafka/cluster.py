@@ -6,12 +6,16 @@ a consumer naming its rack reads from the replica there (KIP-392). Separate
 processes let a test stop, kill or restart one broker
 (:meth:`KafkaCluster.stop_broker`, :meth:`KafkaCluster.start_broker`).
 
-Each broker has two listeners: PLAINTEXT (:attr:`KafkaCluster.bootstrap`) for
-most tests, and SASL_SSL (:attr:`KafkaCluster.secure_bootstrap`) with Kafka's
-``StandardAuthorizer`` for the security tests (see :mod:`.security`).
+Each broker of Kafka 4 has three listeners: PLAINTEXT (:attr:`KafkaCluster.bootstrap`)
+for most tests, and SASL_SSL and OAUTH (:attr:`KafkaCluster.secure_bootstrap`,
+:attr:`KafkaCluster.oauth_bootstrap`) with Kafka's ``StandardAuthorizer`` for
+the security tests (see :mod:`.security`); Kafka 3.9's, PLAINTEXT only.
 
-Each node's log dir is formatted once with Kafka's storage tool; its output
-(log4j2, to stdout) is kept in ``<workdir>/<node>.log`` for diagnosis, and
+Any version :mod:`distribution` resolves: Kafka 4 (the default) or Kafka 3.9
+(``version=KAFKA_3``, for the request versions Kafka 4 removed). Each node's
+log dir is formatted once with Kafka's storage tool; its output (to stdout,
+through log4j2 for Kafka 4, reload4j (log4j 1) for Kafka 3, each configured
+with the same levels) is kept in ``<workdir>/<node>.log`` for diagnosis, and
 the work directory is left in place when the cluster fails to start.
 """
 
@@ -26,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tests.support.apache_kafka import security
-from tests.support.apache_kafka.distribution import KAFKA_4, classpath
+from tests.support.apache_kafka.distribution import KAFKA_4, classpath, logs_through_reload4j
 from tests.support.processes import free_port, stop_process
 from tests.support.waiting import wait_for
 
@@ -47,6 +51,16 @@ logger.server.name = kafka.server.KafkaRaftServer
 logger.server.level = INFO
 logger.controller.name = org.apache.kafka.controller
 logger.controller.level = WARN
+"""
+# The same, for Kafka 3's reload4j (log4j 1 properties: log4j2's would be ignored, and log4j 1
+# without a configuration prints nothing but a warning).
+_LOG4J1 = """\
+log4j.rootLogger=WARN, stdout
+log4j.appender.stdout=org.apache.log4j.ConsoleAppender
+log4j.appender.stdout.layout=org.apache.log4j.PatternLayout
+log4j.appender.stdout.layout.ConversionPattern=[%d] %p %m (%c)%n
+log4j.logger.kafka.server.KafkaRaftServer=INFO
+log4j.logger.org.apache.kafka.controller=WARN
 """
 
 
@@ -120,8 +134,11 @@ class KafkaCluster:
     def start(self) -> None:
         self.workdir.mkdir(parents=True, exist_ok=True)
         cp = classpath(self.version)
-        (self.workdir / "log4j2.properties").write_text(_LOG4J2 + security.LOG4J2_AUTHORIZER)
-        self.secured, self._secure_props = security.prepare(self.workdir)
+        if logs_through_reload4j(self.version):
+            self._log_config().write_text(_LOG4J1)
+        else:
+            self._log_config().write_text(_LOG4J2 + security.LOG4J2_AUTHORIZER)
+            self.secured, self._secure_props = security.prepare(self.workdir)
         cluster_id = _cluster_id()
         controller_port = free_port()
         voters = f"{CONTROLLER_ID}@127.0.0.1:{controller_port}"
@@ -146,7 +163,7 @@ class KafkaCluster:
             "controller.quorum.voters": voters,
             "controller.listener.names": "CONTROLLER",
             "log.dirs": str(data),
-            **security.authorizer_props(),
+            **(security.authorizer_props() if self.secured is not None else {}),
         }
         if roles == "controller":
             props |= {
@@ -156,12 +173,15 @@ class KafkaCluster:
                 "min.insync.replicas": "2",
             }
         else:
-            listeners = f"PLAINTEXT://127.0.0.1:{port},SASL_SSL://127.0.0.1:{secure_port},OAUTH://127.0.0.1:{oauth_port}"
+            listeners, protocols = f"PLAINTEXT://127.0.0.1:{port}", "CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT"
+            if self.secured is not None:
+                listeners += f",SASL_SSL://127.0.0.1:{secure_port},OAUTH://127.0.0.1:{oauth_port}"
+                protocols += ",SASL_SSL:SASL_SSL,OAUTH:SASL_SSL"
             props |= {
                 "listeners": listeners,
                 "advertised.listeners": listeners,
                 "inter.broker.listener.name": "PLAINTEXT",
-                "listener.security.protocol.map": "CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT,SASL_SSL:SASL_SSL,OAUTH:SASL_SSL",
+                "listener.security.protocol.map": protocols,
                 **self._secure_props,
                 "broker.rack": BROKER_RACKS[node_id],
                 "replica.selector.class": "org.apache.kafka.common.replica.RackAwareReplicaSelector",
@@ -180,12 +200,15 @@ class KafkaCluster:
         jmx_port = free_port() if roles == "broker" else 0
         return _Node(node_id, roles, port, config, self.workdir / f"node-{node_id}.log", secure_port, oauth_port, jmx_port)
 
+    def _log_config(self) -> Path:
+        return self.workdir / ("log4j.properties" if logs_through_reload4j(self.version) else "log4j2.properties")
+
     def _java(self, cp: str, main: str, *args: str, node_id: int = 0) -> list[str]:
         java = shutil.which("java") or "java"
-        logs = [
-            f"-Dlog4j2.configurationFile={self.workdir / 'log4j2.properties'}",
-            f"-Dkfan.authorizer.log={self.authorizer_log_path(node_id)}",
-        ]
+        if logs_through_reload4j(self.version):
+            logs = [f"-Dlog4j.configuration={self._log_config().as_uri()}"]
+        else:
+            logs = [f"-Dlog4j2.configurationFile={self._log_config()}", f"-Dkfan.authorizer.log={self.authorizer_log_path(node_id)}"]
         node = self.nodes.get(node_id)
         jmx = _jmx_flags(node.jmx_port) if node is not None and node.jmx_port else []
         oauth = security.java_flags(self.secured) if self.secured is not None else []
@@ -208,14 +231,13 @@ class KafkaCluster:
         return self.workdir / f"authorizer-{node_id}.log"
 
     def authorizer_log(self) -> str:
-        """Every broker's authorizer decisions so far (principals other than ANONYMOUS)."""
+        """Every broker's authorizer decisions so far (principals other than ANONYMOUS; Kafka 4 only)."""
         paths = [self.authorizer_log_path(i) for i in self.brokers]
         return "".join(p.read_text(errors="replace") for p in paths if p.exists())
 
     def _format(self, cp: str, cluster_id: str) -> None:
         """Every node's log dir, formatted with Kafka's storage tool (all at once: each is a JVM of seconds)."""
-        assert self.secured is not None
-        scram = security.scram_format_args(self.secured.users)
+        scram = security.scram_format_args(self.secured.users) if self.secured is not None else []
         formats = {
             n.node_id: subprocess.Popen(
                 self._java(cp, "kafka.tools.StorageTool", "format", "-t", cluster_id, "-c", str(n.config), *scram),

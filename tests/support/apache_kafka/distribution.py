@@ -1,6 +1,8 @@
 """Apache Kafka's jars from Maven Central: one version's broker, tools and reference client, resolved once per machine.
 
-``pom.xml`` beside this file names them; Maven copies them and everything
+Two lines are used: :data:`KAFKA_4` (the backend of record) and :data:`KAFKA_3`
+(the last line that serves the request versions Kafka 4 removed, KIP-896, for
+old clients). ``pom.xml`` beside this file names them; Maven copies them and everything
 they depend on into ``$KFAN_KAFKA_CACHE/<version>`` (default
 ``~/.cache/kfan/apache-kafka``), and a marker file says the copy is whole, so
 a later session (or another test run on the machine, waiting on a lock)
@@ -22,6 +24,7 @@ from tests.support import apt
 
 POM = Path(__file__).with_name("pom.xml")
 KAFKA_4 = "4.4.0"  # the newest 4.x Maven Central serves that resolves with its dependencies (checked 2026-11-25)
+KAFKA_3 = "3.9.2"  # the newest 3.9.x likewise (3.9.1 resolves too)
 RESOLVE_TIMEOUT_S = 900.0
 
 
@@ -31,6 +34,12 @@ class Unavailable(RuntimeError):
 
 def cache_root() -> Path:
     return Path(os.environ.get("KFAN_KAFKA_CACHE") or Path.home() / ".cache" / "kfan" / "apache-kafka")
+
+
+def logs_through_reload4j(version: str) -> bool:
+    """Whether ``version`` logs through SLF4J 1.7 bound to reload4j (Kafka 3.x, configured as log4j 1 is)
+    rather than through the log4j2 binding the pom adds (Kafka 4)."""
+    return int(version.split(".")[0]) < 4
 
 
 def kafka_jars(version: str = KAFKA_4) -> Path:
@@ -58,6 +67,8 @@ def kafka_jars(version: str = KAFKA_4) -> Path:
             "-f",
             str(POM),
             f"-Dkafka.version={version}",
+            # Kafka 3 brings its own binding (reload4j): the pom's log4j2 one would compete with it.
+            f"-Dkafka.logging={'reload4j' if logs_through_reload4j(version) else 'log4j2'}",
             "dependency:copy-dependencies",
             f"-DoutputDirectory={partial}",
         ]
