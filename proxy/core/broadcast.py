@@ -3,7 +3,8 @@
 Each broker coordinates or stores its own share, so the request goes whole
 to every broker and the answers' arrays (the route's ``broadcast_array``)
 are concatenated. A broker that fails leaves part of the list missing: the
-answer says so with a retriable top-level error.
+answer says so with a retriable top-level error. DescribeLogDirs has a merge
+of its own (:mod:`.log_dirs`).
 """
 
 from __future__ import annotations
@@ -22,7 +23,8 @@ def plan(route: Route, ctx: Context, hdr: RequestHeader, payload: memoryview, re
     brokers = sorted(ctx.topology.brokers)
     if not brokers:
         return any_broker.plan(route, ctx, hdr, payload, request)
-    return Forward(hdr, True, route, ctx, request, {b: whole(hdr, payload) for b in brokers}, merge, state=brokers)
+    assert route.merge is not None
+    return Forward(hdr, True, route, ctx, request, {b: whole(hdr, payload) for b in brokers}, route.merge, state=brokers)
 
 
 def merge(plan: Forward, answers: Answers) -> Reply:

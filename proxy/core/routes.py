@@ -65,7 +65,7 @@ from ..kafka.apis import (
 )
 from ..kafka.headers import parse_request_header
 from ..kafka.schema import Struct, decode_body_costed, request_spec
-from . import any_broker, broadcast, coordinator, fetch, identity, leader, local, produce
+from . import any_broker, broadcast, coordinator, fetch, identity, leader, local, log_dirs, produce
 from .coordinator import group_id, transactional_id, transactional_id_if_any, v3_transactional_id
 from .plan import Batch, Context, FieldPath, Forward, KeyType, PartitionFields, Plan, Route, Unsupported
 
@@ -109,7 +109,8 @@ _ROWS = (
     # every broker: asked of each, answers concatenated
     Route(LIST_GROUPS, broadcast.plan, broadcast.merge, read_only=True, broadcast_array="groups"),
     Route(LIST_TRANSACTIONS, broadcast.plan, broadcast.merge, read_only=True, broadcast_array="transaction_states"),
-    Route(DESCRIBE_LOG_DIRS, broadcast.plan, broadcast.merge, read_only=True, broadcast_array="results"),
+    # kfan's node's log dirs: every broker's, told apart by name; a failed broker's shown offline.
+    Route(DESCRIBE_LOG_DIRS, broadcast.plan, log_dirs.merge, read_only=True, broadcast_array="results"),
     # any: whole to a live broker, identity rewritten in the answer
     Route(METADATA, any_broker.plan, any_broker.merge, read_only=True, rewrite=identity.metadata),
     # Answered with kfan itself as the coordinator; the real one is learned on the way.

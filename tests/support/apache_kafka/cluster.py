@@ -3,8 +3,9 @@
 Racks ``a``, ``b``, ``c`` for brokers 1, 2, 3; replication factor 3 and
 ``min.insync.replicas=2`` by default; Kafka's ``RackAwareReplicaSelector``, so
 a consumer naming its rack reads from the replica there (KIP-392). Separate
-processes let a test stop, kill or restart one broker
-(:meth:`KafkaCluster.stop_broker`, :meth:`KafkaCluster.start_broker`).
+processes let a test stop, kill or restart one broker; :meth:`KafkaCluster.paused`
+holds one still for a moment. The controller does not move leaders back to
+preferred replicas by itself: only tests do.
 
 Each broker of Kafka 4 has three listeners: PLAINTEXT (:attr:`KafkaCluster.bootstrap`)
 for most tests, and SASL_SSL and OAUTH (:attr:`KafkaCluster.secure_bootstrap`,
@@ -23,9 +24,12 @@ from __future__ import annotations
 
 import base64
 import shutil
+import signal
 import subprocess
 import time
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -171,6 +175,10 @@ class KafkaCluster:
                 "listener.security.protocol.map": "CONTROLLER:PLAINTEXT",
                 "default.replication.factor": "3",  # topics are created by the controller
                 "min.insync.replicas": "2",
+                # Leaders move only when a test moves them: the controller's own
+                # rebalancing (every 5 minutes) would elect preferred leaders
+                # behind a test's back.
+                "auto.leader.rebalance.enable": "false",
             }
         else:
             listeners, protocols = f"PLAINTEXT://127.0.0.1:{port}", "CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT"
@@ -302,6 +310,19 @@ class KafkaCluster:
         node = self.nodes[broker_id]
         assert node.process is None, f"broker {broker_id} is running"
         self._launch(classpath(self.version), node)
+
+    @contextmanager
+    def paused(self, broker_id: int) -> Iterator[None]:
+        """Broker ``broker_id`` stopped (SIGSTOP) for the with-block: its connections stay open and nothing
+        answers. Keep it short: past the controller's broker session timeout (9 s) the broker is fenced
+        and its partitions get other leaders."""
+        process = self.nodes[broker_id].process
+        assert process is not None and process.poll() is None, f"broker {broker_id} is not running"
+        process.send_signal(signal.SIGSTOP)
+        try:
+            yield
+        finally:
+            process.send_signal(signal.SIGCONT)
 
     def create_topic(
         self,
