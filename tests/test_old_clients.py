@@ -221,7 +221,15 @@ def test_a_pinned_old_client_round_trip_on_apache_kafka_3(
     request: pytest.FixtureRequest, apache_kafka_3: KafkaCluster, sent: set[tuple[int, int]], release: str, route: str
 ) -> None:
     """The same round trip on Apache Kafka 3.9 (RF 3, min ISR 2), through kfan and, for comparison, directly."""
-    bootstrap = request.getfixturevalue("kfan_kafka_3").bootstrap if route == "kfan" else apache_kafka_3.bootstrap
+    through: Kfan | None = request.getfixturevalue("kfan_kafka_3") if route == "kfan" else None
     topic = f"old3-{next(_kafka_topics)}-{route}-{int(time.time() * 1000) % 100000}"
     apache_kafka_3.create_topic(topic, PARTITIONS)
-    _round_trip(bootstrap, apache_kafka_3.bootstrap, topic, release, sent, acks=KAFKA_ACKS, member=KAFKA_MEMBER)
+    logged = len(through.log) if through is not None else 0
+    try:
+        bootstrap = through.bootstrap if through is not None else apache_kafka_3.bootstrap
+        _round_trip(bootstrap, apache_kafka_3.bootstrap, topic, release, sent, acks=KAFKA_ACKS, member=KAFKA_MEMBER)
+    except BaseException:
+        if through is not None:  # shown by pytest with the failure: what kfan saw of it
+            print("kfan's log during the test:\n" + "".join(through.log[logged:][-80:]))
+        print("Apache Kafka 3's logs (tail):\n" + apache_kafka_3.logs_tail())
+        raise
