@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, settings
 
 from backends.mock import MockCluster
 from tests.support.apache_kafka.cluster import KafkaCluster
-from tests.support.apache_kafka.distribution import KAFKA_3
+from tests.support.apache_kafka.distribution import KAFKA_3, KAFKA_4
 from tests.support.kcat import Kcat, KcatUnavailable, ensure_kcat
 from tests.support.kfan import Kfan, kfan_for_session
 from tests.support.tansu import Tansu
@@ -50,15 +51,20 @@ def kfan_tansu(tansu: Tansu) -> Iterator[Kfan]:
     yield from kfan_for_session(tansu.bootstrap, "kfan (tansu)")
 
 
+def _kafka_for_session(workdir: Path, version: str, name: str) -> Iterator[KafkaCluster]:
+    """A KafkaCluster for the session; at its end, every node must still be the process the session started."""
+    with KafkaCluster(workdir, version=version) as kafka:
+        yield kafka
+        dead = [n.node_id for n in kafka.nodes.values() if n.process is not None and n.process.poll() is not None]
+        assert not dead, f"{name} nodes {dead} died during the session:\n{kafka.logs_tail()}"
+
+
 @pytest.fixture(scope="session")
 def apache_kafka(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaCluster]:
     """Apache Kafka 4 for the whole session: a controller and three brokers (racks a, b, c), RF 3, min ISR 2.
 
     Its nodes' logs stay in pytest's temporary directory (``apache-kafka*``) for diagnosis."""
-    with KafkaCluster(tmp_path_factory.mktemp("apache-kafka")) as kafka:
-        yield kafka
-        dead = [n.node_id for n in kafka.nodes.values() if n.process is not None and n.process.poll() is not None]
-        assert not dead, f"Apache Kafka nodes {dead} died during the session:\n{kafka.logs_tail()}"
+    yield from _kafka_for_session(tmp_path_factory.mktemp("apache-kafka"), KAFKA_4, "Apache Kafka")
 
 
 @pytest.fixture(scope="session")
@@ -73,10 +79,7 @@ def apache_kafka_3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaCl
     clients: the same layout as ``apache_kafka``. Started only when a test asks for it (four more JVMs).
 
     Its nodes' logs stay in pytest's temporary directory (``apache-kafka-3*``)."""
-    with KafkaCluster(tmp_path_factory.mktemp("apache-kafka-3"), version=KAFKA_3) as kafka:
-        yield kafka
-        dead = [n.node_id for n in kafka.nodes.values() if n.process is not None and n.process.poll() is not None]
-        assert not dead, f"Apache Kafka 3 nodes {dead} died during the session:\n{kafka.logs_tail()}"
+    yield from _kafka_for_session(tmp_path_factory.mktemp("apache-kafka-3"), KAFKA_3, "Apache Kafka 3")
 
 
 @pytest.fixture(scope="session")
