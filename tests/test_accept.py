@@ -3,7 +3,9 @@
 Two levels: the loop itself against a listener double whose accept() fails
 with EMFILE as long as the test says (on trio's virtual clock), and the real
 kfan process whose descriptor limit the test lowers under it (prlimit) after
-it started: the log is not flooded, and once the limit is raised again kfan
+it started: the log is not flooded, a request of a protocol version no client
+used before is still served (its schema was loaded at start, not on first
+use, which needs descriptors), and once the limit is raised again kfan
 accepts and serves the connections that waited.
 """
 
@@ -21,13 +23,17 @@ from typing import Any
 import pytest
 import trio
 import trio.testing
+from kio.schema.api_versions.v1.request import ApiVersionsRequest as ApiVersionsV1
 from kio.schema.api_versions.v3.request import ApiVersionsRequest as ApiVersionsV3
 
+from backends import schemas
 from backends.mock import MockCluster
 from proxy import accept
+from proxy.kafka import apis, schema
+from proxy.kafka.preload import preload
 from tests.support.kfan import Kfan, kfan_on
 from tests.support.rawclient import RawClient
-from tests.support.waiting import wait_for
+from tests.support.waiting import wait_for, wait_for_async
 
 
 class FailingListener(trio.abc.Listener[Any]):
@@ -118,6 +124,7 @@ def kfan_alone(cluster: MockCluster) -> Iterator[Kfan]:
 
 def test_kfan_out_of_descriptors_logs_a_line_not_a_flood_and_serves_again(kfan_alone: Kfan) -> None:
     k = kfan_alone
+    wait_for("kfan's line that it loaded the protocol schemas", lambda: any("protocol schemas:" in line for line in k.log), 30)
     with RawClient(k.address) as client:
         assert client.call(ApiVersionsV3(client_software_name="t", client_software_version="1")).error_code == 0
         soft, hard = resource.prlimit(k.pid, resource.RLIMIT_NOFILE)
@@ -126,6 +133,9 @@ def test_kfan_out_of_descriptors_logs_a_line_not_a_flood_and_serves_again(kfan_a
             resource.prlimit(k.pid, resource.RLIMIT_NOFILE, (open_fds(k.pid), hard))  # not one descriptor left
             waiting = RawClient(k.address)  # connected (the kernel's backlog), not accepted
             wait_for("kfan's line that accepting fails", lambda: any("EMFILE" in line for line in k.log[start:]), 10)
+            # ApiVersions v1: no client used it, so its schema was never needed before; it must not need a descriptor now.
+            answer = client.call(ApiVersionsV1())
+            assert answer.error_code == 0 and answer.api_keys
             time.sleep(3)  # a window at the limit: trio's own loop would log 30 tracebacks in it
             flood = [line for line in k.log[start:] if re.search(r"EMFILE|Traceback", line)]
             assert len(flood) <= 2, "the log is flooded:\n" + "".join(flood[:20])
@@ -137,3 +147,46 @@ def test_kfan_out_of_descriptors_logs_a_line_not_a_flood_and_serves_again(kfan_a
         wait_for(
             "kfan's line that it accepts again", lambda: any("accepting client connections again" in line for line in k.log[start:]), 10
         )
+
+
+# --- the schemas, preloaded ----------------------------------------------------------------
+
+
+def test_preloaded_versions_need_no_import_afterwards(monkeypatch: pytest.MonkeyPatch) -> None:
+    wanted = {apis.API_VERSIONS: (0, 4), apis.METADATA: (0, 12), apis.PRODUCE: (3, 11)}
+    schema.request_spec.cache_clear()
+    schema.response_spec.cache_clear()
+    assert preload(wanted) == 2 * (5 + 13 + 9)
+    assert preload(wanted) == 0, "loaded once"
+
+    def out_of_descriptors(*args: object) -> None:
+        raise OSError(errno.EMFILE, "Too many open files")
+
+    monkeypatch.setattr(schema, "load_request_schema", out_of_descriptors)
+    monkeypatch.setattr(schema, "load_response_schema", out_of_descriptors)
+    for api_key, (lo, hi) in wanted.items():
+        for version in range(lo, hi + 1):
+            assert schema.request_spec(api_key, version).name and schema.response_spec(api_key, version).name
+    with pytest.raises(OSError):
+        schema.response_spec(apis.FETCH, 12)  # not preloaded: it would have needed a descriptor
+
+
+async def test_a_failed_preload_is_logged_and_tried_again(monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    calls: list[dict[int, tuple[int, int]]] = []
+
+    def flaky(versions: dict[int, tuple[int, int]]) -> int:
+        calls.append(versions)
+        if len(calls) == 1:
+            raise OSError(errno.EMFILE, "Too many open files")
+        return 2
+
+    monkeypatch.setattr(schemas, "preload", flaky)
+    monkeypatch.setattr(schemas, "RETRY_S", 0.01)  # real time: the preload runs in a thread, which a virtual clock would not wait for
+    preloader = schemas.SchemaPreloader()
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(preloader.run)
+        preloader.want({apis.API_VERSIONS: (0, 4)})
+        await wait_for_async("the second try", lambda: preloader.loaded, 10)
+        nursery.cancel_scope.cancel()
+    assert calls == [{apis.API_VERSIONS: (0, 4)}] * 2 and preloader.loaded == 2
+    assert any("preloading failed" in r.getMessage() for r in caplog.records)
