@@ -38,6 +38,7 @@ from proxy.core.topology import Topology
 from . import backoff
 from .control import ControlLinks, control_version
 from .coordinators import ANSWER_FAILURES, CoordinatorCache, Coordinators
+from .schemas import SchemaPreloader
 from .transport import BrokerSecurity
 
 log = logging.getLogger("kfan.cluster")
@@ -139,6 +140,8 @@ class Cluster:
             lambda: self.topology, request_timeout=request_timeout, max_frame_bytes=max_frame_bytes, security=self.security
         )
         self._nursery: trio.Nursery | None = None
+        # The codecs of every advertised version, loaded once known: a request must not need a descriptor to decode.
+        self.schemas = SchemaPreloader()
         self.brokers = Brokers(self.control, self._versions_changed)
         self.reachable = self.brokers.reachable  # node id -> reachable
         self.broker_versions = self.brokers.versions  # node id -> api key -> (min, max)
@@ -148,6 +151,7 @@ class Cluster:
     async def run(self, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         async with trio.open_nursery() as nursery:
             self._nursery = self.control.nursery = self.brokers.nursery = nursery
+            nursery.start_soon(self.schemas.run)
             await self._bootstrap()
             self.ready.set()
             task_status.started()
@@ -273,6 +277,7 @@ class Cluster:
 
     def _versions_changed(self) -> None:
         self.api_versions = {**advertised_versions(list(self.broker_versions.values())), **self.local_versions}
+        self.schemas.want(self.api_versions)
 
     def is_ready(self) -> bool:
         """Topology known and at least one broker reachable."""

@@ -10,6 +10,8 @@ the integration tests.
 This module only starts, shapes and stops that cluster (topics, leaders,
 broker up/down, latency, injected errors, coordinators, API version caps). It
 does not speak the Kafka protocol itself and knows nothing about the proxy.
+Loading librdkafka, its C signatures and the handle that owns the cluster
+are in :mod:`backends.mock_lib`.
 
 Threading and lifetime: the brokers run in librdkafka background threads
 inside *this* process. The process must stay alive for as long as anything
@@ -21,14 +23,11 @@ cluster's own thread and wait), so they may be made from any Python thread.
 from __future__ import annotations
 
 import ctypes
-import glob
-import os
 from types import TracebackType
 
-__all__ = ["COMPAT_CAPS", "MockCluster", "MockError", "find_librdkafka"]
+from .mock_lib import MockError, broker_addresses, close_cluster, error_text, find_librdkafka, load, open_cluster
 
-_RD_KAFKA_PRODUCER = 0
-_ERRSTR_SIZE = 512
+__all__ = ["COMPAT_CAPS", "MockCluster", "MockError", "find_librdkafka"]
 
 # Highest versions the 2.16 mock handles correctly: it misparses JoinGroup v6,
 # SyncGroup v4 and LeaveGroup v3, and Heartbeat is capped with them (a group
@@ -42,74 +41,6 @@ COMPAT_CAPS: dict[int, int] = {
     12: 3,  # Heartbeat
     13: 2,  # LeaveGroup
 }
-
-
-class MockError(RuntimeError):
-    """librdkafka refused a mock-cluster operation, or could not be loaded."""
-
-
-def find_librdkafka() -> str:
-    """Path of the librdkafka shared object bundled with the installed confluent-kafka wheel.
-
-    The wheel's copy is required: Debian's librdkafka1 is far older and lacks
-    most of the mock API.
-    """
-    try:
-        import confluent_kafka
-    except ImportError as e:  # pragma: no cover - dependency of the project
-        raise MockError("confluent-kafka is not installed; the mock cluster needs its bundled librdkafka") from e
-    pkg_dir = os.path.dirname(os.path.abspath(confluent_kafka.__file__))
-    libs_dir = os.path.join(os.path.dirname(pkg_dir), "confluent_kafka.libs")
-    candidates = sorted(glob.glob(os.path.join(libs_dir, "librdkafka*.so*")))
-    if not candidates:
-        raise MockError(f"no librdkafka*.so* in {libs_dir}: is confluent-kafka installed from a manylinux wheel?")
-    return candidates[0]
-
-
-_lib: ctypes.CDLL | None = None
-
-
-def _load() -> ctypes.CDLL:
-    global _lib
-    if _lib is not None:
-        return _lib
-    lib = ctypes.CDLL(find_librdkafka())
-    vp, cint, i16, i32, size = ctypes.c_void_p, ctypes.c_int, ctypes.c_int16, ctypes.c_int32, ctypes.c_size_t
-    cstr = ctypes.c_char_p
-    # Every pointer is c_void_p: ctypes' default int return type would truncate
-    # 64-bit addresses and crash later, far from the cause.
-    signatures: dict[str, tuple[type | None, list[type]]] = {
-        "rd_kafka_conf_new": (vp, []),
-        "rd_kafka_conf_destroy": (None, [vp]),
-        "rd_kafka_conf_set": (cint, [vp, cstr, cstr, cstr, size]),
-        "rd_kafka_new": (vp, [cint, vp, cstr, size]),
-        "rd_kafka_destroy": (None, [vp]),
-        "rd_kafka_err2str": (cstr, [cint]),
-        "rd_kafka_mock_cluster_new": (vp, [vp, cint]),
-        "rd_kafka_mock_cluster_destroy": (None, [vp]),
-        "rd_kafka_mock_cluster_bootstraps": (cstr, [vp]),
-        "rd_kafka_mock_topic_create": (cint, [vp, cstr, cint, cint]),
-        "rd_kafka_mock_partition_set_leader": (cint, [vp, cstr, i32, i32]),
-        "rd_kafka_mock_partition_set_follower": (cint, [vp, cstr, i32, i32]),
-        "rd_kafka_mock_partition_set_follower_wmarks": (cint, [vp, cstr, i32, ctypes.c_int64, ctypes.c_int64]),
-        "rd_kafka_mock_broker_set_rack": (cint, [vp, i32, cstr]),
-        "rd_kafka_mock_broker_set_down": (cint, [vp, i32]),
-        "rd_kafka_mock_broker_set_up": (cint, [vp, i32]),
-        "rd_kafka_mock_broker_set_rtt": (cint, [vp, i32, cint]),
-        "rd_kafka_mock_push_request_errors_array": (None, [vp, i16, size, ctypes.POINTER(cint)]),
-        "rd_kafka_mock_coordinator_set": (cint, [vp, cstr, cstr, i32]),
-        "rd_kafka_mock_set_apiversion": (cint, [vp, i16, i16, i16]),
-        "rd_kafka_mock_group_initial_rebalance_delay_ms": (None, [vp, i32]),
-    }
-    for name, (restype, argtypes) in signatures.items():
-        fn = getattr(lib, name)
-        fn.restype = restype
-        fn.argtypes = argtypes
-    # Variadic: argtypes must stay unset (ctypes would reject the extra
-    # arguments), so callers pass explicitly typed ctypes values instead.
-    lib.rd_kafka_mock_broker_push_request_error_rtts.restype = cint
-    _lib = lib
-    return lib
 
 
 class MockCluster:
@@ -126,25 +57,8 @@ class MockCluster:
             raise ValueError(f"a cluster needs at least one broker, got {brokers}")
         self._mc: int | None = None
         self._rk: int | None = None
-        lib = self._lib = _load()
-
-        conf = lib.rd_kafka_conf_new()
-        errstr = ctypes.create_string_buffer(_ERRSTR_SIZE)
-        # The handle exists only to own the cluster; it has no brokers of its
-        # own, so its logs would be noise.
-        if lib.rd_kafka_conf_set(conf, b"log_level", b"0", errstr, _ERRSTR_SIZE) != 0:
-            lib.rd_kafka_conf_destroy(conf)
-            raise MockError(f"rd_kafka_conf_set(log_level): {errstr.value.decode(errors='replace')}")
-        rk = lib.rd_kafka_new(_RD_KAFKA_PRODUCER, conf, errstr, _ERRSTR_SIZE)
-        if not rk:
-            # rd_kafka_new only takes ownership of conf when it succeeds.
-            lib.rd_kafka_conf_destroy(conf)
-            raise MockError(f"rd_kafka_new: {errstr.value.decode(errors='replace')}")
-        self._rk = rk
-        mc = lib.rd_kafka_mock_cluster_new(rk, brokers)
-        if not mc:
-            self.close()
-            raise MockError(f"rd_kafka_mock_cluster_new({brokers}) failed")
+        lib = self._lib = load()
+        self._rk, mc = open_cluster(lib, brokers)
         self._mc = mc
         self.broker_count = brokers
 
@@ -154,17 +68,7 @@ class MockCluster:
             if compat_caps:
                 for api_key, max_version in COMPAT_CAPS.items():
                     self.set_apiversion(api_key, 0, max_version)
-            raw = lib.rd_kafka_mock_cluster_bootstraps(mc)
-            if not raw:
-                raise MockError("rd_kafka_mock_cluster_bootstraps returned NULL")
-            self.bootstrap = raw.decode()
-            # Bootstraps lists brokers in id order, ids being 1..N.
-            self.brokers = {}
-            for broker_id, address in enumerate(self.bootstrap.split(","), start=1):
-                host, _, port = address.rpartition(":")
-                self.brokers[broker_id] = (host, int(port))
-            if len(self.brokers) != brokers:
-                raise MockError(f"expected {brokers} brokers in bootstraps {self.bootstrap!r}")
+            self.bootstrap, self.brokers = broker_addresses(lib, mc, brokers)
         except BaseException:
             self.close()
             raise
@@ -183,8 +87,7 @@ class MockCluster:
 
     def _check(self, err: int, what: str) -> None:
         if err != 0:
-            reason = self._lib.rd_kafka_err2str(err)
-            raise MockError(f"{what}: librdkafka error {err} ({reason.decode() if reason else 'unknown'})")
+            raise MockError(f"{what}: {error_text(self._lib, err)}")
 
     # -- topics and leaders --------------------------------------------------
 
@@ -314,13 +217,9 @@ class MockCluster:
 
     def close(self) -> None:
         """Stop every broker, then free the owning handle. Safe to call twice."""
-        # The cluster must go before the handle that owns it.
-        mc, self._mc = self._mc, None
-        if mc is not None:
-            self._lib.rd_kafka_mock_cluster_destroy(mc)
-        rk, self._rk = self._rk, None
-        if rk is not None:
-            self._lib.rd_kafka_destroy(rk)
+        rk, mc = self._rk, self._mc
+        self._rk = self._mc = None
+        close_cluster(self._lib, rk, mc)
 
     def __enter__(self) -> MockCluster:
         return self

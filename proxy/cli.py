@@ -65,6 +65,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="also reachable at this local address, same ports (the brokers listen on 127.0.0.1; kfan relays)",
     )
     c.add_argument("--log-level", default="INFO")
+    c.add_argument(
+        "--log-json",
+        type=config.parse_bool,
+        default=False,
+        metavar="BOOL",
+        help="one JSON object per log line (kfan demo passes its own on)",
+    )
     r = sub.add_parser(
         "replay", help="check a capture: through the current core with Spark (--report), or against a running kfan (--target)"
     )
@@ -316,8 +323,10 @@ class _BrokerProcess:
     deadline); ``watch`` logs its end once; leaving terminates and reaps it.
     """
 
-    def __init__(self, brokers: int, topics: list[tuple[str, int]]) -> None:
+    def __init__(self, brokers: int, topics: list[tuple[str, int]], log_json: bool = False) -> None:
         self.argv = [sys.executable, "-m", "proxy", "cluster", "--brokers", str(brokers), "--log-level", "WARNING"]
+        if log_json:
+            self.argv += ["--log-json", "true"]  # its stderr is kfan's: one log, one format
         for name, partitions in topics:
             self.argv += ["--topic", f"{name}:{partitions}"]
         self.command = " ".join(["kfan", *self.argv[3:]])
@@ -458,7 +467,7 @@ Ctrl-C stops it.
 
 def _demo(options: dict[str, Any]) -> int:
     async def run() -> None:
-        async with _BrokerProcess(_DEMO_BROKERS, [_DEMO_TOPIC]) as brokers:
+        async with _BrokerProcess(_DEMO_BROKERS, [_DEMO_TOPIC], log_json=options["log_json"]) as brokers:
             config = _config(options, parse_addresses(brokers.bootstrap))
 
             async def body(nursery: trio.Nursery) -> Running:
@@ -576,7 +585,7 @@ def setup_logging(level: str, as_json: bool) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "cluster":
-        setup_logging(args.log_level, False)
+        setup_logging(args.log_level, args.log_json)
         ignore_sighup()
         return _cluster(args)
     if args.command == "users":

@@ -39,6 +39,9 @@ def _bool(text: Any) -> bool:
     raise ValueError(f"expected true or false, got {text!r}")
 
 
+parse_bool = _bool  # for `kfan cluster --log-json`, which takes no config file
+
+
 def _choice(*choices: str) -> Callable[[Any], str]:
     def parse(text: Any) -> str:
         if str(text) not in choices:

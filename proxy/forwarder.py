@@ -28,6 +28,7 @@ from backends.cluster import Cluster
 from backends.link import LinkError, Pending
 from backends.links import Lane, LinkPool
 from backends.sasl import AuthenticationFailed
+from backends.undecodable import report_undecodable
 
 from . import metrics
 from .budget import Budget
@@ -50,6 +51,7 @@ from .core import (
     Response,
     Watermarks,
     plan_request,
+    undecodable,
 )
 from .core.fetch import FetchWait, InflightFetches, answer_ceilings
 from .core.layout import TopicPartition
@@ -230,7 +232,7 @@ class Forwarder:
     ) -> tuple[Reply | None, Handles, Answers]:
         answers, handles = await self._answers(plan, handles, submitted_at)
         used.append(handles)
-        reply = self._merge(plan, answers)
+        reply = self._merge(plan, answers, handles)
         if (reply is None or reply.broker_failed) and ANY_BROKER in plan.subs and plan.route.read_only:
             # Any broker can answer this, and asking again changes nothing: one
             # broker's failure is not worth the client's (a Metadata answer has
@@ -242,7 +244,7 @@ class Forwarder:
                 handles = {ANY_BROKER: link.submit(plan.subs[ANY_BROKER])}
                 used.append(handles)
                 answers, handles = await self._answers(plan, handles, trio.current_time())
-                reply = self._merge(plan, answers)
+                reply = self._merge(plan, answers, handles)
         if reply is not None:
             self.cluster.apply(reply.effects, self.links.coordinators)
             for effect in reply.effects:
@@ -354,9 +356,13 @@ class Forwarder:
             if self._expiring.get(broker, (None,))[0] is pending:
                 del self._expiring[broker]
 
-    def _merge(self, plan: Forward, answers: Answers) -> Reply | None:
-        try:
-            return plan.merge(plan, answers)
-        except BrokerUnavailable as e:
-            log.info("client %s: %s (api_key=%s v%s)", self.client, e, plan.header.api_key, plan.header.api_version)
-            return None
+    def _merge(self, plan: Forward, answers: Answers, handles: Handles) -> Reply | None:
+        reply: Reply | None = None
+        with undecodable.collect() as noted:  # answers the merge failed for not decoding: logged and counted
+            try:
+                reply = plan.merge(plan, answers)
+            except BrokerUnavailable as e:
+                log.info("client %s: %s (api_key=%s v%s)", self.client, e, plan.header.api_key, plan.header.api_version)
+        if noted:
+            report_undecodable(plan.header, answers, handles, noted)
+        return reply

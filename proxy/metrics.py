@@ -91,6 +91,11 @@ CACHE_BYTES = Gauge(
     ["cache"],
     multiprocess_mode="livesum",
 )
+BROKER_ANSWERS_UNDECODABLE = Counter(
+    "kfan_broker_answers_undecodable",
+    "Broker answers kfan could not decode (the client got a retriable error for that broker's part), by broker and API name",
+    ["broker", "api"],
+)
 CACHE_EVICTIONS = Counter("kfan_cache_evictions", "Entries evicted from a bounded cache to stay within its bounds, by cache", ["cache"])
 
 

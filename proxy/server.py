@@ -20,6 +20,7 @@ import trio
 from backends.cluster import Cluster
 
 from . import metrics
+from .accept import serve_listeners
 from .budget import MemoryPool
 from .capture import Capture, CaptureConfig
 from .client_auth import SASL_VERSIONS
@@ -235,7 +236,7 @@ async def serve(config: ServerConfig, task_status: trio.TaskStatus[Running] = tr
         task_status.started(running)
         async with trio.open_nursery() as clients:
             with trio.CancelScope() as running._accepting:
-                await trio.serve_listeners(handler, [listener], handler_nursery=clients)
+                await serve_listeners(handler, [listener], handler_nursery=clients)  # trio's, without its log flood at the fd limit
             await trio.aclose_forcefully(listener)
             # Accepting stopped (shutdown): the connections finish in this nursery.
         nursery.cancel_scope.cancel()

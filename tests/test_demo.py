@@ -9,6 +9,7 @@ them, and they do not outlive kfan, however it stops.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -382,3 +383,31 @@ def test_demo_reports_brokers_that_fail_to_start(tmp_path: Path) -> None:
     assert "no librdkafka in this test" in run.stderr, "the child's own error reaches kfan's stderr"
     assert "Connect any Kafka client" not in run.stdout
     print(f"kfan demo gave up on its brokers after {time.monotonic() - started:.1f} s")
+
+
+def test_demo_with_log_json_logs_json_from_its_brokers_too(tmp_path: Path) -> None:
+    """The brokers' process writes to kfan's stderr: with --log-json, its lines are JSON objects as kfan's are."""
+    out, err = tmp_path / "demo.out", tmp_path / "demo.err"
+    with out.open("w") as stdout, err.open("w") as stderr:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "proxy", "demo", "--listen", "127.0.0.1:0", "--log-json", "true"],
+            env={**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"},
+            stdout=stdout,
+            stderr=stderr,
+            text=True,
+        )
+    try:
+        wait_for("kfan demo to say how to connect", lambda: "Ctrl-C stops it" in out.read_text() or proc.poll() is not None, 60)
+        pid = int(re.search(r"embedded brokers: process (\d+)", err.read_text()).group(1))  # type: ignore[union-attr]
+        started = start_time(pid)
+    finally:
+        proc.kill()  # SIGKILL: the brokers then log, as they stop, that kfan is gone
+        proc.wait()
+    wait_for("the brokers of the killed kfan demo to stop", lambda: gone(pid, started), 30, seen=err.read_text)
+    events = []
+    for line in err.read_text().splitlines():
+        try:
+            events.append(json.loads(line))
+        except ValueError:
+            raise AssertionError(f"a log line that is not JSON: {line!r}") from None
+    assert any(e["message"].startswith("the kfan that started this process is gone") for e in events), "no line of the brokers' process"

@@ -50,6 +50,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("proxy.metrics", (STDLIB, THIRD_PARTY)),  # a leaf: the Prometheus families and the HTTP endpoint
     ("proxy.budget", (STDLIB, THIRD_PARTY, "proxy.metrics")),  # nearly a leaf: the memory a client may make kfan hold
     ("proxy.prelogin", (STDLIB, THIRD_PARTY, "proxy.metrics", "proxy.budget")),  # what a client not logged in yet may hold
+    ("proxy.accept", (STDLIB, THIRD_PARTY, "backends.backoff")),  # the accept loop: backs off and logs as broker failures do
     ("proxy.logtext", (STDLIB,)),  # a leaf: client-chosen text made safe to log
     ("proxy.reclaim", (STDLIB,)),  # a leaf: large buffers let go of off the event loop
     ("proxy.capture.*", (STDLIB, THIRD_PARTY, *SHARED, "proxy.capture.*")),  # capture, pcap import, live replay

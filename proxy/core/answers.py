@@ -11,6 +11,7 @@ from typing import Any
 from ..kafka.headers import RequestHeader, response_body_offset
 from ..kafka.schema import Struct, decode_body, encode_body, request_spec, response_spec
 from ..kafka.wire import Malformed, Parts
+from . import undecodable
 from .plan import Answers, BrokerUnavailable, Destination, Failed, NotYet, Response, SubRequest
 
 
@@ -57,7 +58,8 @@ def decode_answers(hdr: RequestHeader, answers: Answers, failure_code: int) -> D
         if isinstance(answer, Response):
             try:
                 out.bodies[destination] = decode_answer(hdr, answer.payload)
-            except Malformed:
+            except Malformed as e:
+                undecodable.note(answer.payload, e)
                 out.failed[destination] = failure_code
         elif isinstance(answer, Failed):
             out.failed[destination] = answer.code

@@ -15,6 +15,7 @@ from ..kafka import errors
 from ..kafka.headers import RequestHeader
 from ..kafka.schema import Struct, encode_body, response_spec
 from ..kafka.wire import Malformed
+from . import undecodable
 from .answers import decode_answer, error_body, passthrough_body, reencoded, whole
 from .identity import BROKER_RESOURCES, rewrite_config_resources
 from .plan import ANY_BROKER, Answers, Context, Destination, Failed, FoldMetadata, Forward, Plan, RefreshTopology, Reply, Response, Route
@@ -49,8 +50,9 @@ def merge(plan: Forward, answers: Answers) -> Reply:
         return Reply(error_body(hdr, answer.code), broker_failed=True)
     try:
         return _rewritten(plan, answer.payload)
-    except Malformed:
+    except Malformed as e:
         # The broker's answer does not parse: the request failed there.
+        undecodable.note(answer.payload, e)
         return Reply(error_body(hdr, errors.NETWORK_EXCEPTION), [RefreshTopology()], broker_failed=True)
 
 

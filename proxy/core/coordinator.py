@@ -20,7 +20,7 @@ from ..kafka import errors
 from ..kafka.headers import RequestHeader
 from ..kafka.schema import Struct, encode_body, response_spec
 from ..kafka.wire import Malformed, Parts
-from . import any_broker
+from . import any_broker, undecodable
 from .answers import decode_answer, decode_answers, error_body, error_codes, fold_top_level, passthrough_body, reencoded, whole
 from .plan import (
     Answers,
@@ -108,8 +108,9 @@ def merge(plan: Forward, answers: Answers) -> Reply:
     # null OffsetFetch topics) still reaches the client, as it would directly.
     try:
         body = passthrough_body(hdr, answer.payload)
-    except Malformed:
+    except Malformed as e:
         # Not even its header parses: nothing of it can reach the client.
+        undecodable.note(answer.payload, e)
         return Reply(_coordinator_error_body(plan.route, hdr, plan.request), [forget])
     try:
         codes = error_codes(decode_answer(hdr, answer.payload))

@@ -3,7 +3,8 @@
 ClientExchange is kfan authenticating to a broker; Authenticator and its
 ServerExchange are kfan authenticating a client. They turn one SaslAuthenticate
 payload into the next and say when the exchange is over; the Kafka framing,
-the sockets and what to do with a principal are the caller's. SCRAM is scramp's,
+the sockets and what to do with a principal are the caller's. SCRAM is scramp's
+(with Kafka's salt policy on the client side, scram_client.py),
 JWTs are checked in oauth.py, passwords in users.py.
 """
 
@@ -18,9 +19,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from scramp import ScramClient, ScramException, ScramMechanism
+from scramp import ScramException, ScramMechanism
 from scramp.utils import ServerError
 
+from proxy.security.scram_client import KafkaScramClient
 from proxy.security.users import MIN_ITERATIONS, SCRAM_MECHANISMS, Users, VerifiedPasswords
 
 if TYPE_CHECKING:
@@ -84,13 +86,13 @@ class ClientExchange:
         self._started = False
         self._finished = False
         self._answered_first = False
-        self._scram: ScramClient | None = None
+        self._scram: KafkaScramClient | None = None
         if self.mechanism == PLAIN:
             if not credentials.username or "\0" in credentials.username or "\0" in credentials.password:
                 raise ValueError("PLAIN needs a user name, and neither it nor the password may contain NUL")
         elif self.mechanism in SCRAM_MECHANISMS:
             try:
-                self._scram = ScramClient([self.mechanism], credentials.username, credentials.password)
+                self._scram = KafkaScramClient([self.mechanism], credentials.username, credentials.password)
             except ScramException as e:
                 raise ValueError(f"{self.mechanism} cannot use these credentials: {e}") from None
         elif self.mechanism == OAUTHBEARER:
