@@ -28,8 +28,11 @@ def find_librdkafka() -> str:
     """
     try:
         import confluent_kafka
-    except ImportError as e:  # pragma: no cover - dependency of the project
-        raise MockError("confluent-kafka is not installed; the mock cluster needs its bundled librdkafka") from e
+    except ImportError as e:  # the demo extra, not a dependency of serving
+        raise MockError(
+            "confluent-kafka is not installed; the embedded cluster needs the librdkafka its wheel bundles:"
+            " pip install 'kfan[demo]'"
+        ) from e
     pkg_dir = os.path.dirname(os.path.abspath(confluent_kafka.__file__))
     libs_dir = os.path.join(os.path.dirname(pkg_dir), "confluent_kafka.libs")
     candidates = sorted(glob.glob(os.path.join(libs_dir, "librdkafka*.so*")))

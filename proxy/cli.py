@@ -591,7 +591,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "users":
         return _users_add(args)
     if args.command == "bench":
-        from .bench.run import run as bench
+        try:
+            from .bench.run import run as bench
+        except ModuleNotFoundError as e:  # the demo extra: bench drives confluent-kafka clients and the mock cluster
+            raise SystemExit(f"kfan bench needs {e.name}: pip install 'kfan[demo]'") from e
 
         setup_logging("WARNING", False)
         return bench(args)

@@ -108,7 +108,10 @@ def _frames(data: bytes, times: list[tuple[int, int]], min_frame_bytes: int) -> 
 
 def _packets(fileobj: BinaryIO) -> Iterator[tuple[int, Endpoint, Endpoint, int, bool, bytes]]:
     """(ts ns, source, destination, sequence number, SYN, payload) of every TCP segment."""
-    import dpkt
+    try:
+        import dpkt
+    except ImportError as e:  # the pcap extra, not a dependency of serving
+        raise ValueError("kfan capture import needs dpkt: pip install 'kfan[pcap]'") from e
 
     head = fileobj.read(4)
     fileobj.seek(0)
