@@ -4,13 +4,11 @@ from __future__ import annotations
 
 import argparse
 import gc
-import json
 import logging
 import math
 import os
 import signal
 import sys
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -18,16 +16,18 @@ from typing import Any
 
 import trio
 
-from . import config
+from . import config, demo
 from .bench.options import add_arguments as add_bench_arguments
 from .capture import CaptureConfig
 from .config import parse_address, parse_addresses
 from .connection import Limits
+from .lifeline import LIFELINE_ENV, watch_lifeline
+from .logs import setup_logging
 from .metrics import ListenFailed
 from .prelogin import PreLoginLimits
 from .security_options import security_from
 from .server import Running, ServerConfig, serve
-from .workers import IGNORED_SIGHUP, LIFELINE_ENV, run_workers
+from .workers import IGNORED_SIGHUP, run_workers
 
 log = logging.getLogger("kfan")
 
@@ -224,7 +224,7 @@ async def _until_signal(body: Callable[[trio.Nursery], Awaitable[Running | None]
             nursery.start_soon(start)
             nursery.start_soon(hear, signals)
             if os.environ.get(LIFELINE_ENV) == "stdin":
-                nursery.start_soon(_watch_lifeline, stop_send)
+                nursery.start_soon(watch_lifeline, stop_send)
             log.info("%s, stopping", await stop_receive.receive())
             if started and started[0] is not None:
                 await started[0].shutdown(shutdown_timeout)
@@ -293,188 +293,16 @@ def settle_heap() -> None:
     gc.freeze()
 
 
-# The demo's brokers run in a child process: `kfan cluster`, the same command
-# its users run. librdkafka's mock brokers do not validate what they receive,
-# and some requests that pass kfan's schema check crash them (SIGSEGV,
-# SIGABRT); in a child, such a crash takes the brokers down, not kfan.
-_DEMO_BROKERS = 3
-_DEMO_TOPIC = ("demo", 6)
-_BROKERS_START_TIMEOUT_S = 60.0
-_BROKERS_STOP_TIMEOUT_S = 10.0
-
-
-class _BrokersDidNotStart(RuntimeError):
-    pass
-
-
-def _exit_status(returncode: int) -> str:
-    if returncode < 0:
-        try:
-            return f"was killed by {signal.Signals(-returncode).name}"
-        except ValueError:
-            return f"was killed by signal {-returncode}"
-    return f"exited with status {returncode}"
-
-
-class _BrokerProcess:
-    """`kfan cluster` in a child process, for as long as the ``async with`` lasts.
-
-    Entering starts it and reads its bootstrap from its stdout (with a
-    deadline); ``watch`` logs its end once; leaving terminates and reaps it.
-    """
-
-    def __init__(self, brokers: int, topics: list[tuple[str, int]], log_json: bool = False) -> None:
-        self.argv = [sys.executable, "-m", "proxy", "cluster", "--brokers", str(brokers), "--log-level", "WARNING"]
-        if log_json:
-            self.argv += ["--log-json", "true"]  # its stderr is kfan's: one log, one format
-        for name, partitions in topics:
-            self.argv += ["--topic", f"{name}:{partitions}"]
-        self.command = " ".join(["kfan", *self.argv[3:]])
-        self.bootstrap = ""
-        self._process: trio.Process | None = None
-
-    @property
-    def pid(self) -> int:
-        assert self._process is not None
-        return self._process.pid
-
-    async def __aenter__(self) -> _BrokerProcess:
-        import subprocess
-
-        # Wherever this kfan was imported from, the child imports the same code.
-        root = str(Path(__file__).resolve().parent.parent)
-        pythonpath = os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))
-        env = {**os.environ, LIFELINE_ENV: "stdin", "PYTHONPATH": pythonpath}
-        # Its own session: a Ctrl-C in the terminal reaches kfan only, which
-        # drains its clients before it stops the brokers. Its stderr is kfan's.
-        self._process = await trio.lowlevel.open_process(
-            self.argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, start_new_session=True
-        )
-        try:
-            with trio.move_on_after(_BROKERS_START_TIMEOUT_S):
-                self.bootstrap = await self._read_bootstrap()
-            if not self.bootstrap:
-                raise _BrokersDidNotStart(
-                    f"the embedded brokers (process {self.pid}: {self.command}) did not report their address"
-                    f" within {_BROKERS_START_TIMEOUT_S:.0f} s"
-                )
-        except BaseException:
-            await self.stop()
-            raise
-        log.info("embedded brokers: process %d (%s) at %s", self.pid, self.command, self.bootstrap)
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.stop()
-
-    async def _read_bootstrap(self) -> str:
-        assert self._process is not None and self._process.stdout is not None
-        buffer = b""
-        while True:
-            while b"\n" in buffer:
-                line, buffer = buffer.split(b"\n", 1)
-                # `kfan cluster`'s first line: "kfan cluster: N brokers at HOST:PORT,HOST:PORT,..."
-                text = line.decode(errors="replace").strip()
-                if text.startswith("kfan cluster: ") and " brokers at " in text:
-                    return text.rsplit(" brokers at ", 1)[1]
-            data = await self._process.stdout.receive_some(65536)
-            if not data:
-                code = await self._process.wait()
-                raise _BrokersDidNotStart(
-                    f"the embedded brokers (process {self.pid}: {self.command}) {_exit_status(code)}"
-                    " before reporting their address (its error, if any, is above)"
-                )
-            buffer += data
-
-    async def watch(self) -> None:
-        """Wait for the child to end, and say so once: kfan keeps serving, its brokers unreachable."""
-        assert self._process is not None and self._process.stdout is not None
-        # Its stdout reaches end of file when it exits; read it so it never blocks on a full pipe.
-        while await self._process.stdout.receive_some(65536):
-            pass
-        code = await self._process.wait()
-        log.error(
-            "embedded brokers: process %d %s; kfan keeps running, but every broker behind it is unreachable"
-            " (restart kfan demo for new ones)",
-            self.pid,
-            _exit_status(code),
-        )
-
-    async def stop(self) -> None:
-        """Terminate the child (SIGTERM, then SIGKILL after a while) and reap it; idempotent."""
-        process = self._process
-        if process is None:
-            return
-        with trio.CancelScope(shield=True):
-            if process.returncode is None:
-                process.terminate()
-                with trio.move_on_after(_BROKERS_STOP_TIMEOUT_S):
-                    await process.wait()
-                if process.returncode is None:
-                    log.warning(
-                        "embedded brokers: process %d still running %.0f s after SIGTERM, killing it", process.pid, _BROKERS_STOP_TIMEOUT_S
-                    )
-                    process.kill()
-                    await process.wait()
-            for stream in (process.stdin, process.stdout):
-                if stream is not None:
-                    await trio.aclose_forcefully(stream)
-
-
-def _print_demo_banner(running: Running) -> None:
-    """How to connect, and which broker leads each partition of the topic demo (as kfan's topology has it)."""
-    addr = f"{running.identity.host}:{running.identity.port}"
-    leaders = running.cluster.topology.leaders.get("demo", {})
-    print(
-        f"""
-kfan demo: an embedded 3-broker Kafka cluster with kfan in front of it.
-
-  Connect any Kafka client to:  {addr}
-  (the clients see one broker; kfan splits requests across the three behind it)
-
-  Topic "demo", 6 partitions, led by:
-"""
-        + "".join(f"    partition {p} -> broker {b}\n" for p, b in sorted(leaders.items()))
-        + f"""
-  Try it from another terminal (Python with confluent-kafka, which the
-  setup already installed in .venv), copy-paste:
-
-.venv/bin/python - <<'PY'
-import os
-from confluent_kafka import Producer, Consumer
-p = Producer({{"bootstrap.servers": "{addr}"}})
-for i in range(12):
-    p.produce("demo", key=str(i), value=f"hello {{i}}")
-p.flush()
-c = Consumer({{"bootstrap.servers": "{addr}", "group.id": f"demo-{{os.getpid()}}", "auto.offset.reset": "earliest"}})
-c.subscribe(["demo"])
-got = 0
-while got < 12:
-    m = c.poll(5)
-    if m is not None and m.error() is None:
-        got += 1
-        print("partition", m.partition(), m.key(), m.value())
-c.close()
-PY
-
-  or with kcat:  kcat -b {addr} -L
-
-Ctrl-C stops it.
-""",
-        flush=True,
-    )
-
-
 def _demo(options: dict[str, Any]) -> int:
     async def run() -> None:
-        async with _BrokerProcess(_DEMO_BROKERS, [_DEMO_TOPIC], log_json=options["log_json"]) as brokers:
+        async with demo.BrokerProcess(demo.DEMO_BROKERS, [demo.DEMO_TOPIC], log_json=options["log_json"]) as brokers:
             config = _config(options, parse_addresses(brokers.bootstrap))
 
             async def body(nursery: trio.Nursery) -> Running:
                 nursery.start_soon(brokers.watch)
                 running: Running = await nursery.start(serve, config)
                 settle_heap()
-                _print_demo_banner(running)
+                demo.print_banner(f"{running.identity.host}:{running.identity.port}", running.cluster.topology.leaders.get("demo", {}))
                 return running
 
             await _until_signal(body, config.shutdown_timeout_s)
@@ -482,104 +310,9 @@ def _demo(options: dict[str, Any]) -> int:
     try:
         with _exit_if_listen_fails("demo"):
             trio.run(run)
-    except _BrokersDidNotStart as e:
+    except demo.BrokersDidNotStart as e:
         raise SystemExit(f"kfan demo: {e}") from None
     return 0
-
-
-def _cluster(args: argparse.Namespace) -> int:
-    from backends.mock import MockCluster
-
-    with MockCluster(args.brokers) as mock:
-        for name, partitions in args.topic:
-            mock.create_topic(name, partitions)
-        ports = [parse_address(a)[1] for a in mock.bootstrap.split(",")]
-        bootstrap = mock.bootstrap
-        if args.host:
-            for broker, port in enumerate(ports, start=1):
-                mock.set_broker_address(broker, args.host, port)
-            bootstrap = ",".join(f"{args.host}:{port}" for port in ports)
-        print(f"kfan cluster: {args.brokers} brokers at {bootstrap}", flush=True)
-        for name, partitions in args.topic:
-            print(f"  topic {name}: {partitions} partitions, leaders round-robin", flush=True)
-        print(f"Run: kfan serve --bootstrap {bootstrap}", flush=True)
-
-        async def body(nursery: trio.Nursery) -> None:
-            if args.host:
-                for port in ports:
-                    await nursery.start(_relay, args.host, port)
-            return None
-
-        trio.run(_until_signal, body)
-    return 0
-
-
-async def _watch_lifeline(stop: trio.MemorySendChannel[str]) -> None:
-    """A child of another kfan (LIFELINE_ENV): stop when stdin, a pipe from that kfan, reaches end of file (it is gone)."""
-    stdin = trio.lowlevel.FdStream(os.dup(sys.stdin.fileno()))
-    try:
-        async with stdin:
-            while await stdin.receive_some(4096):
-                pass
-    except (OSError, trio.BrokenResourceError):
-        pass
-    log.warning("the kfan that started this process is gone (its pipe closed)")
-    stop.send_nowait("lifeline closed")
-
-
-async def _relay(host: str, port: int, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-    """Forward connections on host:port to the mock broker on 127.0.0.1:port."""
-
-    async def pipe(src: trio.SocketStream, dst: trio.SocketStream) -> None:
-        try:
-            while data := await src.receive_some(65536):
-                await dst.send_all(data)
-        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
-            pass
-        finally:
-            await trio.aclose_forcefully(dst)
-
-    async def handle(client: trio.SocketStream) -> None:
-        try:
-            broker = await trio.open_tcp_stream("127.0.0.1", port)
-        except OSError:
-            await trio.aclose_forcefully(client)
-            return
-        async with trio.open_nursery() as n:
-            n.start_soon(pipe, client, broker)
-            n.start_soon(pipe, broker, client)
-
-    listeners = await trio.open_tcp_listeners(port, host=host)
-    task_status.started()
-    await trio.serve_listeners(handle, listeners)
-
-
-class _JsonFormatter(logging.Formatter):
-    """One JSON object per line: time, level, logger, message (and the exception, if any)."""
-
-    def format(self, record: logging.LogRecord) -> str:
-        event = {
-            "ts": self.formatTime(record, "%Y-%m-%dT%H:%M:%S") + f".{int(record.msecs):03d}Z",
-            "level": record.levelname,
-            "logger": record.name,
-            "message": record.getMessage(),
-        }
-        if record.exc_info:
-            event["exception"] = self.formatException(record.exc_info)
-        return json.dumps(event)
-
-
-def setup_logging(level: str, as_json: bool) -> None:
-    handler = logging.StreamHandler(sys.stderr)
-    if as_json:
-        formatter: logging.Formatter = _JsonFormatter()
-        formatter.converter = time.gmtime
-    else:
-        formatter = logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
-    handler.setFormatter(formatter)
-    root = logging.getLogger()
-    root.handlers[:] = [handler]
-    root.setLevel(getattr(logging, str(level).upper(), logging.INFO))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -587,7 +320,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "cluster":
         setup_logging(args.log_level, args.log_json)
         ignore_sighup()
-        return _cluster(args)
+        return demo.run_cluster(args, _until_signal)
     if args.command == "users":
         return _users_add(args)
     if args.command == "bench":

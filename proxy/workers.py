@@ -7,7 +7,7 @@ The parent holds the port, starts the workers, serves /metrics with every
 worker's samples summed (prometheus-client's multiprocess mode, in a private
 temporary directory), and on SIGTERM passes the signal on and waits for each
 worker to drain. Each worker's stdin is a pipe from the parent (its lifeline,
-:data:`LIFELINE_ENV`): however the parent ends, SIGKILL included,
+:data:`~proxy.lifeline.LIFELINE_ENV`): however the parent ends, SIGKILL included,
 the workers see it close and stop, draining their clients.
 """
 
@@ -27,16 +27,9 @@ from typing import Any
 import trio
 
 from . import config, metrics
+from .lifeline import LIFELINE_ENV
 
 log = logging.getLogger("kfan.workers")
-
-# Set in a child's environment (the demo's `kfan cluster`, each `kfan serve
-# --workers` worker): the child then stops when its stdin reaches end of file.
-# The kfan that started it holds the other end of that pipe, and the kernel
-# closes it however kfan ends, SIGKILL included, so children never outlive it.
-# (Not PR_SET_PDEATHSIG: that fires when the *thread* that forked the child
-# exits, and trio forks from a worker thread that exits when idle.)
-LIFELINE_ENV = "KFAN_LIFELINE"
 
 # Until a reload exists (quotas-and-reload issue), a SIGHUP (a closed terminal, an
 # operator's `kill -HUP` meant as "reload") must not kill kfan undrained.
