@@ -438,3 +438,28 @@ int() refuses that. */}}
 {{- end }}
 {{- toYaml $env }}
 {{- end }}
+
+{{/*
+The budgets of one pod that the dashboard and the alerts compare usage with,
+as a YAML map {bufferedBytes, connections}: the per-process limit times
+workers (each worker has its own). A limit left null is kfan's own default
+(proxy/config.py), restated here because kfan exports its usage but not its
+limits; the ConfigMap never passes these defaults to kfan, and
+tests/test_chart_observability.py keeps them equal to kfan's.
+*/}}
+{{- define "kfan.budgets" -}}
+{{- $l := .Values.limits -}}
+{{- $buffered := ternary 536870912 $l.maxBufferedBytes (kindIs "invalid" $l.maxBufferedBytes) -}}
+{{- $connections := ternary 10000 $l.maxConnections (kindIs "invalid" $l.maxConnections) -}}
+bufferedBytes: {{ mul (int64 .Values.workers) (int64 $buffered) }}
+connections: {{ mul (int64 .Values.workers) (int64 $connections) }}
+{{- end }}
+
+{{/*
+PromQL label matchers for this release's kfan series: the ones the chart's
+ServiceMonitor gives them (job is the Service's name), unless
+prometheusRule.selector replaces them.
+*/}}
+{{- define "kfan.promSelector" -}}
+{{- default (printf "namespace=%q, job=%q" .Release.Namespace (include "kfan.fullname" .)) .Values.prometheusRule.selector -}}
+{{- end }}
