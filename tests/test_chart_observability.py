@@ -114,7 +114,9 @@ def _kfan_metric_objects() -> dict[str, tuple[str, tuple[str, ...]]]:
         for path in sorted((ROOT / package).rglob("*.py")):
             text = path.read_text()
             if "prometheus_client" in text and re.search(r"\b(Counter|Gauge|Histogram|Summary)\(", text):
-                importlib.import_module(".".join(path.relative_to(ROOT).with_suffix("").parts))
+                parts = path.relative_to(ROOT).with_suffix("").parts
+                # A package's metrics live in its __init__: imported as the package, not a second module.
+                importlib.import_module(".".join(parts[:-1] if parts[-1] == "__init__" else parts))
     out = {}
     # prometheus-client keeps a family's label names in _labelnames only: its collect() of a labelled
     # family with no child yet has no sample to read them from.
