@@ -72,6 +72,20 @@ EVERYTHING: dict[str, Any] = {
     "shutdownTimeoutSeconds": 12.5,
     "preStopSleepSeconds": 3,
     "terminationGracePeriodSeconds": 60,
+    "readReplicaMaxAgeSeconds": 60,
+    # Every limit but those the config file and extraEnv set below, as releases from before these values do.
+    "limits": {
+        "maxConnectionBytes": 33554432,
+        "maxBufferedBytes": 268435456,
+        "fetchAheadBytes": 8388608,
+        "maxConnections": 4000,
+        "maxUnauthenticatedPerAddress": 8,
+        "maxUnauthenticatedBytes": 16777216,
+        "requestTimeoutSeconds": 20,
+        "maxHoldSeconds": 120,
+        "idleTimeoutSeconds": 300,
+        "frameTimeoutSeconds": 15.5,
+    },
     "configFile": "max-inflight = 512\nmetadata-refresh = 10.0\n",
     "extraEnv": {"KFAN_MAX_FRAME_BYTES": "52428800", "KFAN_CAPTURE": "/capture", "TZ": "UTC"},
     "extraEnvFrom": [{"secretRef": {"name": "kfan-extra"}}],
@@ -529,6 +543,18 @@ def test_every_kfan_variable_and_flag_is_a_real_kfan_option(tmp_path: Path) -> N
     assert (options["node_id"], options["workers"], options["log_level"], options["log_json"]) == (7, 2, "DEBUG", True)
     assert options["rack"] == "us-east-1b"
     assert (options["shutdown_timeout"], options["max_inflight"], options["max_frame_bytes"]) == (12.5, 512, 52428800)
+    assert {k: options[k] for k in ("max_connection_bytes", "max_buffered_bytes", "fetch_ahead_bytes")} == {
+        "max_connection_bytes": 33554432,
+        "max_buffered_bytes": 268435456,
+        "fetch_ahead_bytes": 8388608,
+    }
+    assert (options["max_connections"], options["max_unauthenticated_per_address"], options["max_unauthenticated_bytes"]) == (
+        4000,
+        8,
+        16777216,
+    )
+    assert (options["request_timeout"], options["max_hold"], options["idle_timeout"], options["frame_timeout"]) == (20, 120, 300, 15.5)
+    assert (options["metadata_refresh"], options["read_replica_max_age"]) == (10.0, 60)
     assert str(options["capture"]) == "/capture"
     assert {k: str(options[k]) for k in ("tls_cert", "tls_key", "tls_client_ca", "client_users", "client_oauth_jwks")} == {
         "tls_cert": "/etc/kfan/tls/server.pem",
@@ -602,6 +628,139 @@ def test_the_rack_is_a_fixed_zone_or_the_pods_own_zone_label_never_both() -> Non
     assert entry["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.labels['topology.kubernetes.io/zone']"}}
     with pytest.raises(helm.HelmRenderError, match="rack and rackFromNodeZone: set one"):
         render(BASE | {"rack": "us-east-1a", "rackFromNodeZone": True})
+
+
+# Each chart value that sets one of kfan's limits or timeouts: its name, the variable it sets, a value to
+# set, and that value as the variable holds it (bytes as integers, never 4.294967296e+09).
+LIMITS: tuple[tuple[str, str, int | float, str], ...] = (
+    ("limits.maxFrameBytes", "KFAN_MAX_FRAME_BYTES", 52428800, "52428800"),
+    ("limits.maxInflight", "KFAN_MAX_INFLIGHT", 64, "64"),
+    ("limits.maxConnectionBytes", "KFAN_MAX_CONNECTION_BYTES", 134217728, "134217728"),
+    ("limits.maxBufferedBytes", "KFAN_MAX_BUFFERED_BYTES", 4294967296, "4294967296"),
+    ("limits.fetchAheadBytes", "KFAN_FETCH_AHEAD_BYTES", 0, "0"),
+    ("limits.maxConnections", "KFAN_MAX_CONNECTIONS", 2500, "2500"),
+    ("limits.maxUnauthenticatedPerAddress", "KFAN_MAX_UNAUTHENTICATED_PER_ADDRESS", 16, "16"),
+    ("limits.maxUnauthenticatedBytes", "KFAN_MAX_UNAUTHENTICATED_BYTES", 8388608, "8388608"),
+    ("limits.requestTimeoutSeconds", "KFAN_REQUEST_TIMEOUT", 45, "45"),
+    ("limits.maxHoldSeconds", "KFAN_MAX_HOLD", 0, "0"),
+    ("limits.idleTimeoutSeconds", "KFAN_IDLE_TIMEOUT", 540.5, "540.5"),
+    ("limits.frameTimeoutSeconds", "KFAN_FRAME_TIMEOUT", 12, "12"),
+    ("kafka.metadataRefreshSeconds", "KFAN_METADATA_REFRESH", 10, "10"),
+    ("readReplicaMaxAgeSeconds", "KFAN_READ_REPLICA_MAX_AGE", 0.25, "0.25"),
+)
+LIMIT_ENV = {env for _, env, _, _ in LIMITS}
+
+
+def with_value(path: str, value: Any, values: dict[str, Any] = BASE) -> dict[str, Any]:
+    """``values`` with the dotted ``path`` set to ``value`` (the maps on the way merged, not replaced)."""
+    out = json.loads(json.dumps(values))
+    *parents, leaf = path.split(".")
+    node = out
+    for key in parents:
+        node = node.setdefault(key, {})
+    node[leaf] = value
+    return out
+
+
+def _option(env: str) -> Any:
+    return next(o for o in OPTIONS if o.env == env)
+
+
+def test_limits_unset_leave_kfans_own_defaults() -> None:
+    docs = render(BASE)
+    env = kfan_env(docs)
+    assert not LIMIT_ENV & set(env), "the chart restates a default kfan keeps itself"
+    options = resolve(vars(build_parser().parse_args(container(docs)["args"])), env)
+    for _, var, _, _ in LIMITS:
+        assert options[_option(var).dest] == _option(var).default
+    # What the chart's README says kfan's default is, kfan's default is.
+    readme = (CHART / "README.md").read_text()
+    for path, var, _, _ in LIMITS:
+        row = re.search(rf"^\| `{re.escape(path)}` \| `null` \|.*\(`{var}`\).*null: kfan's default, `([0-9.]+)`", readme, re.M)
+        assert row, f"README: no row for {path} naming {var} and kfan's default"
+        assert float(row.group(1)) == _option(var).default, path
+
+
+@pytest.mark.parametrize(("path", "var", "value", "written"), LIMITS, ids=[p for p, *_ in LIMITS])
+def test_each_limit_value_sets_its_kfan_option_in_the_pod(path: str, var: str, value: int | float, written: str) -> None:
+    base = render(BASE)
+    docs = render(with_value(path, value))
+    for doc in docs:
+        validate(doc)
+    env = kfan_env(docs)
+    assert env[var] == written
+    assert LIMIT_ENV & set(env) == {var}, "one value sets one option"
+    # kfan's own parser reads it as the value given.
+    options = resolve(vars(build_parser().parse_args(container(docs)["args"])), env)
+    assert options[_option(var).dest] == value
+    # A changed limit rolls the pods: they read their environment when they start.
+    checksum = "checksum/config"
+    template = one(docs, "Deployment")["spec"]["template"]["metadata"]["annotations"]
+    assert template[checksum] != one(base, "Deployment")["spec"]["template"]["metadata"]["annotations"][checksum]
+
+
+def test_limit_values_all_at_once_are_valid_and_lint() -> None:
+    values = BASE
+    for path, _, value, _ in LIMITS:
+        values = with_value(path, value, values)
+    docs = render(values)
+    for doc in docs:
+        validate(doc)
+    assert {k: v for k, v in kfan_env(docs).items() if k in LIMIT_ENV} == {var: written for _, var, _, written in LIMITS}
+    report = helm.lint(CHART, values, strict=True, namespace=NAMESPACE)
+    assert report["errors"] == [] and [m for m in report["messages"] if m["severity"] >= 2] == [], report
+
+
+def test_a_limit_given_a_value_is_set_in_one_place_only() -> None:
+    for path, var, value, _ in LIMITS:
+        with pytest.raises(helm.HelmRenderError, match=f"extraEnv.{var}: the value {re.escape(path)} sets {var} already"):
+            render(with_value(path, value, BASE | {"extraEnv": {var: "1"}}))
+        key = _option(var).name
+        with pytest.raises(helm.HelmRenderError, match=f'configFile: "{key}" is set by the chart'):
+            render(with_value(path, value, BASE | {"configFile": f"{key} = 1\n"}))
+    # Unset, extraEnv and configFile still take them: releases made before these values keep rendering.
+    assert kfan_env(render(BASE | {"extraEnv": {"KFAN_MAX_FRAME_BYTES": "52428800"}}))["KFAN_MAX_FRAME_BYTES"] == "52428800"
+    assert kfan_env(render(BASE | {"configFile": "max-inflight = 512\n"}))["KFAN_CONFIG"]
+
+
+def _bad_limit_values() -> list[tuple[str, Any, str]]:
+    """(value's name, a bad value, a regular expression of Helm's complaint)."""
+    cases = []
+    for path, *_ in LIMITS:
+        at = re.escape(f"at '/{path.replace('.', '/')}': ")
+        cases.append((path, -1, at + "(exclusiveM|m)inimum: got -1"))
+        cases.append((path, "64Mi" if "Bytes" in path else "10s", at + "got string, want null or"))
+        cases.append((path, True, at + "got boolean"))
+        if "Seconds" not in path:
+            cases.append((path, 1.5, at + "got number, want null or integer"))
+    # Zero where kfan would misbehave: every frame or idle connection timed out at once, a refresh loop, no request at all.
+    for path in ("limits.idleTimeoutSeconds", "limits.frameTimeoutSeconds", "limits.requestTimeoutSeconds", "kafka.metadataRefreshSeconds"):
+        cases.append((path, 0, re.escape(f"at '/{path.replace('.', '/')}': exclusiveMinimum")))
+    for path in ("limits.maxInflight", "limits.maxConnections", "limits.maxUnauthenticatedPerAddress"):
+        cases.append((path, 0, re.escape(f"at '/{path.replace('.', '/')}': minimum")))
+    cases.append(("limits.maxFrameBytes", 1000, re.escape("at '/limits/maxFrameBytes': minimum")))
+    cases.append(("limits.maxBufferedBytes", 2**60, re.escape("at '/limits/maxBufferedBytes': maximum")))  # past float64's exact integers
+    cases.append(("limits.maxFrameByte", 1, re.escape("at '/limits': additional properties 'maxFrameByte' not allowed")))
+    return cases
+
+
+@pytest.mark.parametrize(("path", "value", "complaint"), _bad_limit_values())
+def test_schema_refuses_bad_limit_values(path: str, value: Any, complaint: str) -> None:
+    with pytest.raises(helm.HelmValuesError) as caught:
+        render(with_value(path, value))
+    assert "values don't meet the specifications of the schema" in str(caught.value)
+    assert re.search(complaint, str(caught.value)), str(caught.value)
+
+
+def test_every_kfan_limit_and_timeout_has_a_chart_value() -> None:
+    """A kfan option counted in bytes, seconds or N is a chart value: one of LIMITS, or one the chart
+    sets from a value of its own (extraEnv refuses it); a new kfan limit fails here until the chart has it."""
+    for o in OPTIONS:
+        if o.metavar not in ("BYTES", "SECONDS", "N") or o.env in LIMIT_ENV:
+            continue
+        with pytest.raises(helm.HelmRenderError, match=f"extraEnv.{o.env}: the chart sets {o.env} from the value"):
+            render(BASE | {"extraEnv": {o.env: "1"}})
+    assert LIMIT_ENV <= {o.env for o in OPTIONS}
 
 
 def test_pdb_hpa_and_servicemonitor_render_only_when_enabled_and_validate() -> None:

@@ -316,6 +316,39 @@ KFAN_METRICS_LISTEN binds the parent's metrics port and dies.
 {{- with .Values.rack }}
 {{- $_ := set $env "KFAN_RACK" (toString .) }}
 {{- end }}
+{{- /* Limits and timeouts: (variable, value's name, value, int or seconds).
+Set only when given: null leaves kfan's own default in force, kept in one
+place (proxy/config.py). A value given owns its option from then on, so
+extraEnv and configFile may not set it as well (two places, one silently
+winning). Byte counts go through int64, not toString of the float64 Helm
+reads numbers as, which would write 1 GiB as 1.073741824e+09 and kfan's
+int() refuses that. */}}
+{{- $l := .Values.limits }}
+{{- $tuning := list
+  (list "KFAN_MAX_FRAME_BYTES" "limits.maxFrameBytes" $l.maxFrameBytes "int")
+  (list "KFAN_MAX_INFLIGHT" "limits.maxInflight" $l.maxInflight "int")
+  (list "KFAN_MAX_CONNECTION_BYTES" "limits.maxConnectionBytes" $l.maxConnectionBytes "int")
+  (list "KFAN_MAX_BUFFERED_BYTES" "limits.maxBufferedBytes" $l.maxBufferedBytes "int")
+  (list "KFAN_FETCH_AHEAD_BYTES" "limits.fetchAheadBytes" $l.fetchAheadBytes "int")
+  (list "KFAN_MAX_CONNECTIONS" "limits.maxConnections" $l.maxConnections "int")
+  (list "KFAN_MAX_UNAUTHENTICATED_PER_ADDRESS" "limits.maxUnauthenticatedPerAddress" $l.maxUnauthenticatedPerAddress "int")
+  (list "KFAN_MAX_UNAUTHENTICATED_BYTES" "limits.maxUnauthenticatedBytes" $l.maxUnauthenticatedBytes "int")
+  (list "KFAN_REQUEST_TIMEOUT" "limits.requestTimeoutSeconds" $l.requestTimeoutSeconds "seconds")
+  (list "KFAN_MAX_HOLD" "limits.maxHoldSeconds" $l.maxHoldSeconds "seconds")
+  (list "KFAN_IDLE_TIMEOUT" "limits.idleTimeoutSeconds" $l.idleTimeoutSeconds "seconds")
+  (list "KFAN_FRAME_TIMEOUT" "limits.frameTimeoutSeconds" $l.frameTimeoutSeconds "seconds")
+  (list "KFAN_METADATA_REFRESH" "kafka.metadataRefreshSeconds" .Values.kafka.metadataRefreshSeconds "seconds")
+  (list "KFAN_READ_REPLICA_MAX_AGE" "readReplicaMaxAgeSeconds" .Values.readReplicaMaxAgeSeconds "seconds")
+}}
+{{- $tuned := dict }}
+{{- range $tuning }}
+{{- $value := index . 2 }}
+{{- if not (kindIs "invalid" $value) }}
+{{- $_ := set $tuned (index . 0) (index . 1) }}
+{{- $_ := set $owned (index . 0) (index . 1) }}
+{{- $_ := set $env (index . 0) (ternary (toString (int64 $value)) (toString $value) (eq (index . 3) "int")) }}
+{{- end }}
+{{- end }}
 {{- include "kfan.checkSecurity" . }}
 {{- $tls := .Values.tls }}
 {{- if $tls.enabled }}
@@ -394,7 +427,9 @@ KFAN_METRICS_LISTEN binds the parent's metrics port and dies.
 {{- end }}
 {{- end }}
 {{- range $k, $v := .Values.extraEnv }}
-{{- if hasKey $owned $k }}
+{{- if hasKey $tuned $k }}
+{{- fail (printf "extraEnv.%s: the value %s sets %s already; keep one of them (the value, which the schema checks)" $k (get $tuned $k) $k) }}
+{{- else if hasKey $owned $k }}
 {{- fail (printf "extraEnv.%s: the chart sets %s from the value %s; set that instead" $k $k (get $owned $k)) }}
 {{- else if and (hasPrefix "KFAN_" $k) (not (has $k $extraAllowed)) }}
 {{- fail (printf "extraEnv.%s: not an option of kfan serve; the KFAN_* names extraEnv takes are %s" $k (join ", " $extraAllowed)) }}
@@ -402,4 +437,29 @@ KFAN_METRICS_LISTEN binds the parent's metrics port and dies.
 {{- $_ := set $env $k (toString $v) }}
 {{- end }}
 {{- toYaml $env }}
+{{- end }}
+
+{{/*
+The budgets of one pod that the dashboard and the alerts compare usage with,
+as a YAML map {bufferedBytes, connections}: the per-process limit times
+workers (each worker has its own). A limit left null is kfan's own default
+(proxy/config.py), restated here because kfan exports its usage but not its
+limits; the ConfigMap never passes these defaults to kfan, and
+tests/test_chart_observability.py keeps them equal to kfan's.
+*/}}
+{{- define "kfan.budgets" -}}
+{{- $l := .Values.limits -}}
+{{- $buffered := ternary 536870912 $l.maxBufferedBytes (kindIs "invalid" $l.maxBufferedBytes) -}}
+{{- $connections := ternary 10000 $l.maxConnections (kindIs "invalid" $l.maxConnections) -}}
+bufferedBytes: {{ mul (int64 .Values.workers) (int64 $buffered) }}
+connections: {{ mul (int64 .Values.workers) (int64 $connections) }}
+{{- end }}
+
+{{/*
+PromQL label matchers for this release's kfan series: the ones the chart's
+ServiceMonitor gives them (job is the Service's name), unless
+prometheusRule.selector replaces them.
+*/}}
+{{- define "kfan.promSelector" -}}
+{{- default (printf "namespace=%q, job=%q" .Release.Namespace (include "kfan.fullname" .)) .Values.prometheusRule.selector -}}
 {{- end }}
