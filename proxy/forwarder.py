@@ -3,9 +3,10 @@
 :class:`Forwarder` sends a plan's sub-requests over the connection's links
 (:class:`backends.links.LinkPool`), waits for the answers (:mod:`.gather`;
 a Fetch as :class:`proxy.core.fetch.FetchWait` decides), merges them with the
-plan's merge, and applies the reply's effects: the cluster's to the cluster,
-remembered watermarks to this connection. It makes no protocol decision of
-its own; the connection around it reads requests and writes responses in order.
+plan's merge, and applies the reply's effects (:mod:`.effects`): the
+cluster's to the cluster, remembered watermarks and fetch-ahead to this
+connection. It makes no protocol decision of its own; the connection around
+it reads requests and writes responses in order.
 
 The brokers' answers count against the connection's budget from their arrival
 (:mod:`backends.link`) until their request's reply is merged (the response
@@ -45,7 +46,6 @@ from .core import (
     LocalReply,
     NeedCoordinators,
     Plan,
-    RememberWatermarks,
     Reply,
     Response,
     Watermarks,
@@ -53,6 +53,7 @@ from .core import (
 )
 from .core.fetch import FetchWait, InflightFetches, answer_ceilings
 from .core.layout import TopicPartition
+from .effects import apply_effects
 from .gather import FETCH_GRACE, gather, gather_fetch
 from .kafka import errors
 
@@ -244,12 +245,7 @@ class Forwarder:
                 answers, handles = await self._answers(plan, handles, trio.current_time())
                 reply = self._merge(plan, answers)
         if reply is not None:
-            self.cluster.apply(reply.effects, self.links.coordinators)
-            for effect in reply.effects:
-                if isinstance(effect, RememberWatermarks):
-                    self.watermarks.update(effect.watermarks)
-                elif isinstance(effect, FetchAhead):
-                    self._fetch_ahead(effect)
+            apply_effects(reply.effects, self.cluster, self.links.coordinators, self)
         return reply, handles, answers
 
     async def _answers(self, plan: Forward, handles: Handles, submitted_at: float) -> tuple[dict[Destination, BrokerAnswer], Handles]:
@@ -293,7 +289,10 @@ class Forwarder:
             answers[d] = Failed(errors.REQUEST_TIMED_OUT)
         return answers, handles
 
-    def _fetch_ahead(self, ahead: FetchAhead) -> None:
+    def remember_watermarks(self, watermarks: Mapping[TopicPartition, Watermarks]) -> None:
+        self.watermarks.update(watermarks)
+
+    def fetch_ahead(self, ahead: FetchAhead) -> None:
         """Send the next sub-fetches now, while the client reads this answer: its next Fetch finds them on the way."""
         now = trio.current_time()
         for broker, (sub, key) in ahead.subs.items():
