@@ -46,6 +46,7 @@ from .core import (
     LocalReply,
     NeedCoordinators,
     Plan,
+    RememberWatermarks,
     Reply,
     Response,
     Watermarks,
@@ -54,7 +55,7 @@ from .core import (
 from .core.fetch import FetchWait, InflightFetches, answer_ceilings
 from .core.layout import TopicPartition
 from .effects import apply_effects
-from .gather import FETCH_GRACE, gather, gather_fetch
+from .gather import FETCH_GRACE, Gathered, gather, gather_fetch
 from .kafka import errors
 
 log = logging.getLogger("kfan.connection")
@@ -229,8 +230,11 @@ class Forwarder:
     async def _reply(
         self, plan: Forward, handles: Handles, submitted_at: float, used: list[Handles]
     ) -> tuple[Reply | None, Handles, Answers]:
-        answers, handles = await self._answers(plan, handles, submitted_at)
+        answers, handles, learned = await self._answers(plan, handles, submitted_at)
         used.append(handles)
+        if learned:
+            # Before the merge: partitions still out report the watermarks last seen.
+            apply_effects([RememberWatermarks(learned)], self.cluster, self.links.coordinators, self)
         reply = self._merge(plan, answers)
         if (reply is None or reply.broker_failed) and ANY_BROKER in plan.subs and plan.route.read_only:
             # Any broker can answer this, and asking again changes nothing: one
@@ -242,14 +246,14 @@ class Forwarder:
             if link is not None:
                 handles = {ANY_BROKER: link.submit(plan.subs[ANY_BROKER])}
                 used.append(handles)
-                answers, handles = await self._answers(plan, handles, trio.current_time())
+                answers, handles, _ = await self._answers(plan, handles, trio.current_time())
                 reply = self._merge(plan, answers)
         if reply is not None:
             apply_effects(reply.effects, self.cluster, self.links.coordinators, self)
         return reply, handles, answers
 
-    async def _answers(self, plan: Forward, handles: Handles, submitted_at: float) -> tuple[dict[Destination, BrokerAnswer], Handles]:
-        """The brokers' answers, and the handles they came by (a Fetch may have asked again)."""
+    async def _answers(self, plan: Forward, handles: Handles, submitted_at: float) -> Gathered:
+        """The brokers' answers, the handles they came by (a Fetch may have asked again), and the watermarks learned."""
 
         async def receive(destination: Destination, pending: Pending) -> BrokerAnswer:
             try:
@@ -274,9 +278,9 @@ class Forwarder:
             fresh = {d for d in outstanding if handles[d].created_at >= submitted_at}  # type: ignore[union-attr]
             failed = {d: h for d, h in handles.items() if isinstance(h, Failed)}
             wait = FetchWait(plan, now, self.broker_wait(plan), FETCH_GRACE, outstanding, fresh, failed)
-            answers, used = await gather_fetch(wait, handles, receive, lambda d: self._ask_again(plan, d), self.watermarks.update)
-            self._inflight_fetches.settle(used, answers)
-            return answers, used
+            found = await gather_fetch(wait, handles, receive, lambda d: self._ask_again(plan, d))
+            self._inflight_fetches.settle(found.handles, found.answers)
+            return found
         # A request that lets the broker take its time (JoinGroup up to its
         # rebalance timeout) gets that long on top of ours.
         answers, late = await gather(handles, receive, now + self.broker_wait(plan) + self.request_timeout)
@@ -287,7 +291,7 @@ class Forwarder:
             if isinstance(pending, Pending):
                 self.links.close(pending.broker, Lane.MAIN)
             answers[d] = Failed(errors.REQUEST_TIMED_OUT)
-        return answers, handles
+        return Gathered(answers, handles, {})
 
     def remember_watermarks(self, watermarks: Mapping[TopicPartition, Watermarks]) -> None:
         self.watermarks.update(watermarks)
