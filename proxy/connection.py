@@ -4,8 +4,8 @@ The reader reads frames continuously, plans each request (the pure core,
 :func:`proxy.core.plan_request`), resolves coordinators and submits
 sub-requests to this connection's links in the client's order, then hands
 the wait-and-merge to a task of its own: many requests are in flight at once.
-The writer writes responses strictly in request order. acks=0 Produce
-requests hold a place in that order but write nothing. In-flight requests and
+The writer writes responses strictly in request order (:mod:`.ordering`).
+acks=0 Produce requests hold a place in that order but write nothing. In-flight requests and
 held bytes (frames arriving, requests in flight with their decoded form,
 responses unwritten; see :mod:`.budget`) are bounded: when either is full the
 reader stops reading, and TCP pushes back on the client.
@@ -56,13 +56,13 @@ from .core import (
     Unsupported,
 )
 from .core.layout import TopicPartition
-from .core.topology import Topology
 from .forwarder import Forwarder, Handles
 from .frame_io import receive_into, send_frame
 from .kafka.frames import MAPPED_FROM, FrameReader, FrameTooLarge
 from .kafka.headers import RequestHeader, peek_request, response_header
 from .kafka.records import Invalid
 from .kafka.wire import Malformed, Parts
+from .ordering import ResponseOrderer, ResponseSlot
 from .prelogin import Admitted, PreLogin, PreLoginLimits, host_of
 from .reclaim import release_later
 from .security.tls import looks_like_tls
@@ -97,24 +97,6 @@ class _Close(Exception):
         self.reason = reason
         if reason != "eof":  # the client's own doing
             metrics.CLIENT_CLOSES.labels(reason).inc()
-
-
-class ResponseSlot:
-    """A place in the response order."""
-
-    __slots__ = ("done", "parts", "close", "close_after", "size", "started", "api_key", "captured")
-
-    def __init__(self, size: int, api_key: int) -> None:
-        self.done = trio.Event()
-        self.parts: Parts | None = None
-        self.close: str | None = None  # end the connection here, for this reason
-        self.close_after: str | None = None  # end it once this response is written (a failed login)
-        self.size = size  # bytes held for it: the request's cost, then its response's too
-        self.started = trio.current_time()
-        self.api_key = api_key
-        # When sampled: wall-clock ns at read, the request, and the topology its plan used
-        # (not the one current when it is answered: a refresh in between may have moved leaders).
-        self.captured: tuple[int, bytes, Topology] | None = None
 
 
 class _Receiver:
@@ -217,11 +199,7 @@ class ClientConnection:
             assert self._admitted is not None
             self._budget.pool = self._receiver.pool = self._admitted.prelogin.pool
             self._receiver.login_deadline = self._admitted.deadline
-        self._inflight = 0
-        # One token per request between its read and its response's write:
-        # the reader takes one before reading the next request, so at most
-        # max_inflight requests are read and not yet answered.
-        self._capacity = trio.Semaphore(limits.max_inflight)
+        self._orderer = ResponseOrderer(limits.max_inflight)
         self.peer = peer
         self.principal = principal
         name = f"client {self.id} ({peer})"
@@ -261,10 +239,9 @@ class ClientConnection:
                     budget=self._budget,
                     nursery=nursery,
                 )
-                send, receive = trio.open_memory_channel[ResponseSlot](self.limits.max_inflight)
-                nursery.start_soon(self._write, receive, nursery.cancel_scope)
-                async with send:
-                    await self._read(send)
+                nursery.start_soon(self._write, nursery.cancel_scope)
+                async with self._orderer:
+                    await self._read()
         except* _Close:
             pass
         except* (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as eg:
@@ -275,7 +252,7 @@ class ClientConnection:
             metrics.CLIENT_CLOSES.labels("internal_error").inc()
             log.error("client %s: closing after an unexpected error", self.id, exc_info=eg)
         finally:
-            metrics.INFLIGHT.dec(self._inflight)  # requests the connection's end abandoned
+            self._orderer.abandon()  # requests the connection's end abandoned
             self._budget.release_all()
             self._receiver.release()
             with trio.CancelScope(shield=True):
@@ -299,14 +276,11 @@ class ClientConnection:
         self._pool.add(held)
         self._budget.pool = self._receiver.pool = self._pool
 
-    async def _read(self, send: trio.MemorySendChannel[ResponseSlot]) -> None:
+    async def _read(self) -> None:
         reader = FrameReader(self.limits.max_frame_bytes if self._admitted is None else self.limits.login.max_receive_bytes)
-        holding = False  # a capacity token for the next request
         first = True  # no byte read yet
         while True:
-            if not holding:
-                await self._capacity.acquire()
-                holding = True
+            await self._orderer.make_room()  # before reading: at most max_inflight requests read and not yet answered
             try:
                 payload = reader.next_frame()
             except FrameTooLarge as e:
@@ -320,7 +294,7 @@ class ClientConnection:
                 raise _Close("malformed") from e
             self._receiver.sync_partial(reader)
             if payload is None:
-                n = await self._receiver.receive(busy=lambda: self._inflight > 0, reader=reader)
+                n = await self._receiver.receive(busy=lambda: self._orderer.inflight > 0, reader=reader)
                 if n is None:
                     return  # draining: every complete request read is answered; no new ones
                 if not n:
@@ -348,10 +322,7 @@ class ClientConnection:
                     # kfan's own SASL answer, in its place in the response order.
                     slot = ResponseSlot(0, answer.api_key)
                     metrics.CLIENT_REQUESTS.labels(str(answer.api_key), "-").inc()
-                    metrics.INFLIGHT.inc()
-                    self._inflight += 1
-                    await send.send(slot)
-                    holding = False
+                    await self._orderer.place(slot)
                     slot.parts, slot.close_after = answer.parts, answer.close
                     slot.done.set()
                     continue
@@ -366,10 +337,7 @@ class ClientConnection:
                 slot.captured = (read_at, bytes(payload), ctx.topology)
             metrics.CLIENT_REQUESTS.labels(str(h.api_key), str(h.api_version)).inc()
             metrics.FANOUT.labels(str(h.api_key)).observe(len(plan.subs) if isinstance(plan, Forward) else 0)
-            metrics.INFLIGHT.inc()
-            self._inflight += 1
-            await send.send(slot)
-            holding = False  # the slot has it now; the writer gives it back
+            await self._orderer.place(slot)
             if isinstance(plan, LocalReply):
                 _count_errors(plan.errors)
                 self._answer(slot, plan.header, plan.body if plan.expect_response else None)
@@ -507,12 +475,8 @@ class ClientConnection:
 
     # --- writing ---------------------------------------------------------------------
 
-    async def _write(self, receive: trio.MemoryReceiveChannel[ResponseSlot], scope: trio.CancelScope) -> None:
-        async for slot in receive:
-            await slot.done.wait()
-            metrics.INFLIGHT.dec()
-            self._inflight -= 1
-            self._capacity.release()
+    async def _write(self, scope: trio.CancelScope) -> None:
+        while (slot := await self._orderer.next_answered()) is not None:
             if slot.close is not None:
                 raise _Close(slot.close)
             if slot.parts is not None:
