@@ -35,7 +35,7 @@ from .core.layout import TopicPartition
 
 
 class FetchMemory(Protocol):
-    """What one client connection keeps between its Fetches (its :class:`proxy.forwarder.Forwarder`)."""
+    """What one client connection keeps between its Fetches (:class:`proxy.fetches.Fetches`)."""
 
     def remember_watermarks(self, watermarks: Mapping[TopicPartition, Watermarks]) -> None: ...
 

@@ -5,23 +5,20 @@
 a Fetch as :class:`proxy.core.fetch.FetchWait` decides), merges them with the
 plan's merge, and applies the reply's effects (:mod:`.effects`): the
 cluster's to the cluster, remembered watermarks and fetch-ahead to this
-connection. It makes no protocol decision of its own; the connection around
-it reads requests and writes responses in order.
+connection's Fetch memory (:mod:`.fetches`). It makes no protocol decision
+of its own; the connection around it reads requests and writes responses in
+order.
 
 The brokers' answers count against the connection's budget from their arrival
 (:mod:`backends.link`) until their request's reply is merged (the response
-then counts as itself) or they are dropped. A sub-fetch its Fetch was answered
-without stays for the next Fetch at most :data:`FETCH_AHEAD_TTL` after its
-answer came, then goes with its bytes; and a Fetch is sent only when the
-connection has room for what its answers may bring.
+then counts as itself) or they are dropped.
 """
 
 from __future__ import annotations
 
 import functools
 import logging
-import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 
 import trio
 
@@ -39,7 +36,6 @@ from .core import (
     Context,
     Destination,
     Failed,
-    FetchAhead,
     FetchForward,
     Forward,
     Identity,
@@ -49,34 +45,18 @@ from .core import (
     RememberWatermarks,
     Reply,
     Response,
-    Watermarks,
     plan_request,
 )
-from .core.fetch import FetchWait, InflightFetches, answer_ceilings
-from .core.layout import TopicPartition
+from .core.fetch import FetchWait
 from .effects import apply_effects
+from .fetches import Fetches
 from .gather import FETCH_GRACE, Gathered, gather, gather_fetch
 from .kafka import errors
 
 log = logging.getLogger("kfan.connection")
 
-# How long an answered, unused sub-fetch may stand in for a new one: the
-# client's next Fetch normally follows at once; older data is fetched afresh.
-FETCH_AHEAD_TTL = 1.0
-
 Handles = dict[Destination, Pending | Failed]
 Answers = Mapping[Destination, BrokerAnswer]
-
-
-def _answered_at(pending: Pending) -> float | None:
-    """When a sub-fetch's answer came, for :class:`InflightFetches`; a dropped one is as good as expired."""
-    return -math.inf if pending.dropped else pending.done_at
-
-
-def _evicted(pending: Pending) -> None:
-    """A kept sub-fetch was replaced or expired: unless a Fetch still waits for it, nobody will read its answer."""
-    if pending.waiters == 0:
-        pending.abandon()
 
 
 class Forwarder:
@@ -111,10 +91,7 @@ class Forwarder:
         self.request_timeout = request_timeout  # beyond the time the request itself allows the broker
         self.max_hold = max_hold
         self.client = client  # the connection's id, for the log
-        # Each partition's watermarks as its leader last reported them on this connection.
-        self.watermarks: dict[TopicPartition, Watermarks] = {}
-        self._inflight_fetches = InflightFetches[Pending](_answered_at, FETCH_AHEAD_TTL, _evicted)
-        self._expiring: dict[int, tuple[Pending, trio.CancelScope]] = {}  # per broker: the kept sub-fetch watched
+        self.fetches = Fetches(links, budget, nursery)  # the connection's memory between its Fetches
 
     async def plan(self, payload: bytes | memoryview) -> tuple[Context, LocalReply | Forward]:
         """Plan one request, learning what the plan needs first (the context it was planned with too).
@@ -142,7 +119,7 @@ class Forwarder:
             cluster.api_versions,
             self.links.coordinators.known,  # kfan's shared view, or this connection's own (its client's identity)
             coordinators_looked_up,
-            self.watermarks,
+            self.fetches.watermarks,
             self.validate_records,
             self.fetch_ahead_bytes,
             cluster.rack,
@@ -158,7 +135,6 @@ class Forwarder:
     async def submit(self, plan: Forward) -> Handles:
         """Send every sub-request now, in order; coordinators are resolved first."""
         out: Handles = {}
-        fetch = isinstance(plan, FetchForward)
         fresh: list[tuple[Destination, int]] = []  # sub-fetches to send, once there is room for their answers
         for destination, sub in plan.subs.items():
             broker = await self.links.resolve(destination)
@@ -170,16 +146,11 @@ class Forwarder:
                 continue
             if isinstance(plan, FetchForward):
                 hung_after = self.request_timeout + self.broker_wait(plan)
-                reuse = self._inflight_fetches.reusable(broker, plan.keys[destination], trio.current_time(), hung_after)
-                if reuse is not None:
-                    if reuse.hung:
-                        # Far past any max_wait: closing the link fails this sub-fetch
-                        # (a retriable error) and the next Fetch opens a fresh one.
-                        self.links.close(broker, Lane.FETCH)
-                    reuse.handle.waiters += 1  # kept from expiring while this Fetch uses it
-                    out[destination] = reuse.handle
-                    continue
-                fresh.append((destination, broker))
+                reused = self.fetches.reuse(broker, plan.keys[destination], hung_after)
+                if reused is not None:
+                    out[destination] = reused
+                else:
+                    fresh.append((destination, broker))
                 continue
             if destination is ANY_BROKER and self.links.link(broker, Lane.MAIN) is None:
                 broker = self.links.another_broker(broker) or broker  # any broker will do: one kfan is not backing off from
@@ -188,35 +159,9 @@ class Forwarder:
                 out[destination] = Failed(plan.route.failure.code(written=False))
                 continue
             out[destination] = link.submit(sub)
-        if fetch:
-            assert isinstance(plan, FetchForward)
-            await self._submit_fetches(plan, fresh, out)
+        if isinstance(plan, FetchForward):
+            await self.fetches.send(plan, fresh, out)
         return out
-
-    async def _submit_fetches(self, plan: FetchForward, fresh: list[tuple[Destination, int]], out: Handles) -> None:
-        ceilings = answer_ceilings(plan)
-        room = 0
-        if fresh and self.budget is not None:
-            # Room for what the answers may bring is set aside before the
-            # sub-fetches go, until the answers come: a client that does not
-            # read its answers (its unwritten responses fill the budget), or
-            # pipelines Fetches faster than they are answered, waits here, in
-            # the reader, so TCP pushes back. Clients send one Fetch per
-            # connection at a time, which always passes: it costs them nothing.
-            room = await self.budget.reserve(sum(ceilings.get(d, 0) for d, _ in fresh), own=plan.cost)
-        for destination, broker in fresh:
-            link = await self.links.link_when_ready(broker, Lane.FETCH)
-            if link is None:
-                out[destination] = Failed(plan.route.failure.code(written=False))
-                continue
-            out[destination] = pending = link.submit(plan.subs[destination])
-            self._inflight_fetches.record(broker, plan.keys[destination], pending, trio.current_time())
-            if room and self.budget is not None:
-                share = min(room, ceilings.get(destination, 0))
-                pending.reserve(self.budget, share)
-                room -= share
-        if room and self.budget is not None:
-            self.budget.unreserve(room)  # a broker with no link: its room goes back
 
     async def reply(self, plan: Forward, handles: Handles, submitted_at: float) -> tuple[Reply | None, Handles, Answers]:
         """The client's reply (None: no error code of it can say a broker failed), the handles and answers it came from."""
@@ -225,7 +170,7 @@ class Forwarder:
             return await self._reply(plan, handles, submitted_at, used)
         finally:
             # The answers are merged (the response counts what it keeps of them) or not wanted.
-            self._done_with(h for hs in used for h in hs.values() if isinstance(h, Pending))
+            self.fetches.done_with(h for hs in used for h in hs.values() if isinstance(h, Pending))
 
     async def _reply(
         self, plan: Forward, handles: Handles, submitted_at: float, used: list[Handles]
@@ -234,7 +179,7 @@ class Forwarder:
         used.append(handles)
         if learned:
             # Before the merge: partitions still out report the watermarks last seen.
-            apply_effects([RememberWatermarks(learned)], self.cluster, self.links.coordinators, self)
+            apply_effects([RememberWatermarks(learned)], self.cluster, self.links.coordinators, self.fetches)
         reply = self._merge(plan, answers)
         if (reply is None or reply.broker_failed) and ANY_BROKER in plan.subs and plan.route.read_only:
             # Any broker can answer this, and asking again changes nothing: one
@@ -249,7 +194,7 @@ class Forwarder:
                 answers, handles, _ = await self._answers(plan, handles, trio.current_time())
                 reply = self._merge(plan, answers)
         if reply is not None:
-            apply_effects(reply.effects, self.cluster, self.links.coordinators, self)
+            apply_effects(reply.effects, self.cluster, self.links.coordinators, self.fetches)
         return reply, handles, answers
 
     async def _answers(self, plan: Forward, handles: Handles, submitted_at: float) -> Gathered:
@@ -278,8 +223,8 @@ class Forwarder:
             fresh = {d for d in outstanding if handles[d].created_at >= submitted_at}  # type: ignore[union-attr]
             failed = {d: h for d, h in handles.items() if isinstance(h, Failed)}
             wait = FetchWait(plan, now, self.broker_wait(plan), FETCH_GRACE, outstanding, fresh, failed)
-            found = await gather_fetch(wait, handles, receive, lambda d: self._ask_again(plan, d))
-            self._inflight_fetches.settle(found.handles, found.answers)
+            found = await gather_fetch(wait, handles, receive, functools.partial(self.fetches.ask_again, plan))
+            self.fetches.settle(found.handles, found.answers)
             return found
         # A request that lets the broker take its time (JoinGroup up to its
         # rebalance timeout) gets that long on top of ours.
@@ -292,70 +237,6 @@ class Forwarder:
                 self.links.close(pending.broker, Lane.MAIN)
             answers[d] = Failed(errors.REQUEST_TIMED_OUT)
         return Gathered(answers, handles, {})
-
-    def remember_watermarks(self, watermarks: Mapping[TopicPartition, Watermarks]) -> None:
-        self.watermarks.update(watermarks)
-
-    def fetch_ahead(self, ahead: FetchAhead) -> None:
-        """Send the next sub-fetches now, while the client reads this answer: its next Fetch finds them on the way."""
-        now = trio.current_time()
-        for broker, (sub, key) in ahead.subs.items():
-            if self._inflight_fetches.holds(broker):
-                continue  # a sub-fetch still out there keeps its place for the next Fetch
-            link = self.links.link(broker, Lane.FETCH)
-            if link is not None:
-                pending = link.submit(sub)
-                pending.waiters = 0  # no Fetch waits for it yet
-                self._inflight_fetches.record(broker, key, pending, now)
-                self._expire_later(pending)
-
-    def _ask_again(self, plan: FetchForward, destination: Destination) -> Pending | None:
-        assert isinstance(destination, int)
-        link = self.links.link(destination, Lane.FETCH)
-        if link is None:
-            return None
-        pending = link.submit(plan.subs[destination])
-        self._inflight_fetches.record(destination, plan.keys[destination], pending, trio.current_time())
-        return pending
-
-    def _done_with(self, pendings: Iterable[Pending]) -> None:
-        """A request no longer waits for these: a sub-fetch still kept goes after its time; any other answer goes now."""
-        for pending in {id(p): p for p in pendings}.values():
-            pending.waiters -= 1
-            if pending.waiters > 0:
-                continue  # another request waits for it too (pipelined Fetches asking the same)
-            if self._inflight_fetches.kept(pending.broker, pending):
-                self._expire_later(pending)
-            else:
-                pending.abandon()
-
-    def _expire_later(self, pending: Pending) -> None:
-        """Drop a kept sub-fetch's answer once it is :data:`FETCH_AHEAD_TTL` old and unused; one watch per broker."""
-        if self._nursery is None:
-            return
-        watched = self._expiring.get(pending.broker)
-        if watched is not None:
-            if watched[0] is pending:
-                return
-            watched[1].cancel()  # that one is no longer kept: dropped when it was replaced
-        scope = trio.CancelScope()
-        self._expiring[pending.broker] = (pending, scope)
-        self._nursery.start_soon(self._expire, pending, scope)
-
-    async def _expire(self, pending: Pending, scope: trio.CancelScope) -> None:
-        broker, kept = pending.broker, self._inflight_fetches
-        try:
-            with scope:
-                await pending.answered()
-                while (at := kept.expires_at(broker, pending)) is not None:
-                    await trio.sleep_until(at)
-                    if pending.waiters == 0 and kept.expire(broker, pending, trio.current_time()):
-                        return
-                    # A Fetch uses it now: that Fetch settles it. Look again later, should it stay.
-                    await trio.sleep(FETCH_AHEAD_TTL)
-        finally:
-            if self._expiring.get(broker, (None,))[0] is pending:
-                del self._expiring[broker]
 
     def _merge(self, plan: Forward, answers: Answers) -> Reply | None:
         try:
