@@ -1,26 +1,36 @@
-"""One client connection: read frames, plan, send, gather, merge, answer in order.
+"""One client connection's state machine and its I/O: frames in, answers out in order (trio).
 
-The reader reads frames continuously, plans each request (the pure core,
-:func:`proxy.core.plan_request`), resolves coordinators and submits
-sub-requests to this connection's links in the client's order, then hands
-the wait-and-merge to a task of its own: many requests are in flight at once.
-The writer writes responses strictly in request order (:mod:`.ordering`).
-acks=0 Produce requests hold a place in that order but write nothing. In-flight requests and
-held bytes (frames arriving, requests in flight with their decoded form,
-responses unwritten; see :mod:`.budget`) are bounded: when either is full the
-reader stops reading, and TCP pushes back on the client.
+The rule, after h11: everything that changes this connection's state
+happens in this module. Its states and what moves it between them:
 
-Every wait has a deadline: a frame must arrive whole within ``frame_timeout``,
-an idle connection is closed after ``idle_timeout`` (Kafka's
-connections.max.idle.ms), and a request may keep a broker no longer than its
-own fields allow, capped by ``max_hold``. A client's EOF or reset ends the
-connection at once, and with it every request in flight and every broker link.
+- **logging in** (SASL required): frames up to ``login.max_receive_bytes``,
+  a login deadline, bytes held in the pool of connections not logged in,
+  only SASL requests answered (:mod:`.client_auth`) -> **logged in** once the
+  session says so (:meth:`ClientConnection._logged_in`). Without SASL a
+  connection starts logged in.
+- **reading**: frames are read continuously, each request handed once to
+  the :class:`~proxy.forwarder.Forwarder`, which owns it until its answer.
+  The reader waits (and TCP pushes back on the client) while the requests in
+  flight (:mod:`.ordering`) or the bytes held (frames arriving, requests in
+  flight with their decoded form, responses unwritten; :mod:`.budget`) are at
+  their bound. -> **draining** on :meth:`ClientConnection.drain` (graceful
+  stop): no new request is read, those read are answered.
+- **closing** -> **closed**: a deadline passed (a frame begun must arrive
+  whole within ``frame_timeout``; a connection with nothing in flight is
+  closed after ``idle_timeout``, Kafka's connections.max.idle.ms), the client
+  left (EOF or reset: what it waits for is abandoned at once, with every
+  broker link), it sent what kfan cannot serve, or the writer reached an
+  answer that ends the connection (a slot's ``close``, or ``close_after``
+  once written). ``run``'s end releases everything held for the client.
 
 A failure while handling one request ends at most this connection (logged
 with the request's api key, version and correlation id, and counted); nothing
 escapes :meth:`ClientConnection.run`. The stream is any ``trio.abc.Stream``
 and broker links open through ``connect_broker``, so the whole connection
 runs over memory streams in tests.
+
+Boundaries: which connections are served is admission's (:mod:`.admission`);
+what a request means and how it is answered is the forwarder's.
 """
 
 from __future__ import annotations
@@ -28,40 +38,25 @@ from __future__ import annotations
 import itertools
 import logging
 import math
-import os
-import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import trio
 
 from backends.cluster import Cluster
-from backends.link import Pending
 from backends.links import BrokerConnect, Lane, LinkPool
 from backends.sasl import relogin_confirmed
 
 from . import metrics
 from .budget import Budget, MemoryPool
 from .capture import Capture
-from .capture.rows import CaptureRow, topology_document
 from .client_auth import Answer, ClientAuthConfig, ClientSession, Refused
-from .core import (
-    BrokerAnswer,
-    Context,
-    Destination,
-    Forward,
-    Identity,
-    LocalReply,
-    Response,
-    Unsupported,
-)
-from .core.layout import TopicPartition
-from .forwarder import Forwarder, Handles
+from .core import Identity
+from .forwarder import Forwarder, Unanswerable
 from .frame_io import receive_into, send_frame
 from .kafka.frames import MAPPED_FROM, FrameReader, FrameTooLarge
-from .kafka.headers import RequestHeader, peek_request, response_header
-from .kafka.records import Invalid
-from .kafka.wire import Malformed, Parts
+from .kafka.headers import peek_request
+from .kafka.wire import Malformed
 from .ordering import ResponseOrderer, ResponseSlot
 from .prelogin import Admitted, PreLogin, PreLoginLimits, host_of
 from .reclaim import release_later
@@ -165,6 +160,8 @@ class _Receiver:
 
 
 class ClientConnection:
+    """One client connection: its state, its reader and its writer (see the module's docstring)."""
+
     def __init__(
         self,
         stream: trio.abc.Stream,
@@ -188,6 +185,8 @@ class ClientConnection:
         self.identity = identity
         self.limits = limits
         self.id = next(_ids)
+        self.peer = peer
+        self.principal = principal
         self._connect_broker = connect_broker
         self._pool = pool if pool is not None else MemoryPool(limits.max_buffered_bytes)
         self._budget = Budget(limits.max_connection_bytes, self._pool)
@@ -200,44 +199,41 @@ class ClientConnection:
             self._budget.pool = self._receiver.pool = self._admitted.prelogin.pool
             self._receiver.login_deadline = self._admitted.deadline
         self._orderer = ResponseOrderer(limits.max_inflight)
-        self.peer = peer
-        self.principal = principal
         name = f"client {self.id} ({peer})"
         self._session = None if auth is None else ClientSession(auth, name, confirm=self._confirm, on_login=self._relogin)
         self._links: LinkPool | None = None
-        self._logged_refused = False
-        # Sub-requests of requests that want no answer (Produce acks=0), until written to their brokers.
-        self._unanswered: list[Handles] = []
 
     async def run(self) -> None:
         """Serve the client until it leaves or must go; never raises (but for cancellation)."""
         try:
             async with trio.open_nursery() as nursery:
-                self._nursery = nursery
                 session = self._session
                 carry = session is not None and session.config.carry_identity
+                limits = self.limits
                 links = self._links = LinkPool(
                     self.cluster,
                     nursery,
-                    max_frame_bytes=self.limits.max_frame_bytes,
+                    max_frame_bytes=limits.max_frame_bytes,
                     keep_requests=self.capture is not None,
                     connect=self._connect_broker,
                     credentials=session.broker_credentials if carry and session is not None else None,
                     budget=self._budget,  # brokers' answers count as held for this client
                 )
-                limits = self.limits
                 self._forwarder = Forwarder(
                     self.cluster,
                     links,
                     self.identity,
+                    self._orderer,
+                    self._budget,
+                    nursery,
+                    client=self.id,
+                    peer=self.peer,
+                    capture=self.capture,
                     request_timeout=limits.request_timeout,
                     max_hold=limits.max_hold,
-                    client=self.id,
-                    client_identity=carry,
                     validate_records=limits.validate_records,
                     fetch_ahead_bytes=limits.fetch_ahead_bytes,
-                    budget=self._budget,
-                    nursery=nursery,
+                    client_identity=carry,
                 )
                 nursery.start_soon(self._write, nursery.cancel_scope)
                 async with self._orderer:
@@ -262,8 +258,6 @@ class ClientConnection:
         """Stop reading requests; answer those already read, then close (graceful shutdown)."""
         self._receiver.drain()
 
-    # --- reading -------------------------------------------------------------
-
     def _logged_in(self, reader: FrameReader) -> None:
         """The client logged in: the full frame size, no login deadline, and the pool logged-in clients share."""
         admitted, self._admitted = self._admitted, None
@@ -275,6 +269,8 @@ class ClientConnection:
         admitted.prelogin.pool.sub(held)
         self._pool.add(held)
         self._budget.pool = self._receiver.pool = self._pool
+
+    # --- reading -------------------------------------------------------------
 
     async def _read(self) -> None:
         reader = FrameReader(self.limits.max_frame_bytes if self._admitted is None else self.limits.login.max_receive_bytes)
@@ -305,7 +301,7 @@ class ClientConnection:
                     # sub-requests are written first (clients close right after).
                     if reader.pending_partial():
                         log.warning("client %s: connection ended inside a frame", self.id)
-                    await self._send_unanswered()
+                    await self._forwarder.send_unanswered()
                     raise _Close("eof")
                 if first and looks_like_tls(reader.peek(16)):
                     log.warning("client %s (%s): a TLS handshake on a plaintext listener, closing", self.id, self.peer)
@@ -326,40 +322,10 @@ class ClientConnection:
                     slot.parts, slot.close_after = answer.parts, answer.close
                     slot.done.set()
                     continue
-            read_at = time.time_ns() if self.capture is not None and self.capture.sampled() else None
-            ctx, plan = await self._plan(payload)
-            if plan.refused:
-                self._refused_records(plan.refused)
-            await self._budget.acquire(plan.cost)
-            h = plan.header
-            slot = ResponseSlot(plan.cost, h.api_key)
-            if read_at is not None:
-                slot.captured = (read_at, bytes(payload), ctx.topology)
-            metrics.CLIENT_REQUESTS.labels(str(h.api_key), str(h.api_version)).inc()
-            metrics.FANOUT.labels(str(h.api_key)).observe(len(plan.subs) if isinstance(plan, Forward) else 0)
-            await self._orderer.place(slot)
-            if isinstance(plan, LocalReply):
-                _count_errors(plan.errors)
-                self._answer(slot, plan.header, plan.body if plan.expect_response else None)
-                continue
-            assert isinstance(plan, Forward)
-            submitted_at = trio.current_time()
             try:
-                handles = await self._forwarder.submit(plan)
-            except Exception as e:
-                log.error("client %s: unexpected error sending %s", self.id, _describe(h), exc_info=True)
-                raise _Close("internal_error") from e
-            if not plan.expect_response:
-                self._unanswered.append(handles)
-            self._nursery.start_soon(self._complete, plan, handles, slot, submitted_at)
-
-    def _refused_records(self, refused: Mapping[TopicPartition, Invalid]) -> None:
-        for problem in refused.values():
-            metrics.INVALID_BATCHES.labels(problem.reason).inc()
-        if not self._logged_refused:  # once per connection: a client with a bad encoder would flood the log
-            self._logged_refused = True
-            where = ", ".join(f"{topic}-{partition} ({problem.reason})" for (topic, partition), problem in list(refused.items())[:5])
-            log.warning("client %s (%s): refused produced records that no broker would take: %s", self.id, self.peer, where)
+                await self._forwarder.take(payload)  # the request is the forwarder's from here to its answer
+            except Unanswerable as e:
+                raise _Close(e.reason) from e
 
     async def _admit(self, payload: bytes | memoryview) -> Answer | None:
         assert self._session is not None
@@ -401,78 +367,6 @@ class ClientConnection:
         if self._links is not None and self._session is not None and self._session.config.carry_identity:
             self._links.reauthenticate()
 
-    async def _plan(self, payload: bytes | memoryview) -> tuple[Context, LocalReply | Forward]:
-        """Plan one request; a request kfan cannot plan closes the connection."""
-        try:
-            return await self._forwarder.plan(payload)
-        except (Malformed, Unsupported) as e:
-            key, version, cid = peek_request(payload)
-            log.warning("client %s: closing on request api_key=%s v%s correlation_id=%s: %s", self.id, key, version, cid, e)
-            raise _Close("malformed" if isinstance(e, Malformed) else "unsupported") from e
-        except Exception as e:
-            key, version, cid = peek_request(payload)
-            log.error("client %s: unexpected error planning api_key=%s v%s correlation_id=%s", self.id, key, version, cid, exc_info=True)
-            raise _Close("internal_error") from e
-
-    # --- completing ----------------------------------------------------------------
-
-    async def _complete(self, plan: Forward, handles: Handles, slot: ResponseSlot, submitted_at: float) -> None:
-        try:
-            await self._complete_one(plan, handles, slot, submitted_at)
-        except Exception:
-            # A bug met while answering one request ends this connection (in
-            # order: the responses before it are still written), nothing more.
-            log.error("client %s: unexpected error answering %s", self.id, _describe(plan.header), exc_info=True)
-            slot.close = "internal_error"
-            slot.done.set()
-
-    async def _complete_one(self, plan: Forward, handles: Handles, slot: ResponseSlot, submitted_at: float) -> None:
-        if not plan.expect_response:
-            await self._sent(handles)
-            self._unanswered.remove(handles)
-            self._answer(slot, plan.header, None, handles)
-            return
-        reply, handles, answers = await self._forwarder.reply(plan, handles, submitted_at)
-        if reply is None:
-            # No error code of this response can say a broker failed: close, as a broker would on its own failure.
-            slot.close = "broker_answer"
-            slot.done.set()
-            return
-        _count_errors(reply.errors)
-        for (broker, locality), n in reply.fetched.items():
-            metrics.FETCH_BYTES.labels(str(broker), locality).inc(n)
-        self._answer(slot, plan.header, reply.body, handles, answers)
-
-    async def _sent(self, handles: Handles) -> None:
-        """Until each sub-request is written to its broker (or failed), at most the request timeout."""
-        with trio.move_on_after(self.limits.request_timeout):
-            for h in handles.values():
-                if isinstance(h, Pending):
-                    await h.sent.wait()
-
-    async def _send_unanswered(self) -> None:
-        for handles in list(self._unanswered):
-            await self._sent(handles)
-
-    def _answer(
-        self,
-        slot: ResponseSlot,
-        h: RequestHeader,
-        body: Parts | None,
-        handles: Handles | None = None,
-        answers: Mapping[Destination, BrokerAnswer] | None = None,
-    ) -> None:
-        if body is not None:
-            slot.parts = [response_header(h.api_key, h.api_version, h.correlation_id), *body]
-            # An unwritten response is held for the client too: a client that
-            # does not read its answers stops being read.
-            response_bytes = sum(len(p) for p in slot.parts)
-            self._budget.add(response_bytes)
-            slot.size += response_bytes
-        slot.done.set()
-        if slot.captured is not None and self.capture is not None:
-            self.capture.offer(_capture_row(slot, h, f"{os.getpid()}-{self.id}", self.identity, handles or {}, answers or {}))
-
     # --- writing ---------------------------------------------------------------------
 
     async def _write(self, scope: trio.CancelScope) -> None:
@@ -502,36 +396,3 @@ class ClientConnection:
                 slot.parts = None
         # The client closed its side and every response is written.
         scope.cancel()
-
-
-def _describe(h: RequestHeader) -> str:
-    return f"api_key={h.api_key} v{h.api_version} correlation_id={h.correlation_id}"
-
-
-def _count_errors(counts: Mapping[tuple[int, int], int]) -> None:
-    for (code, broker), n in counts.items():
-        metrics.ERRORS.labels(str(code), str(broker if isinstance(broker, int) else -1)).inc(n)
-
-
-def _capture_row(
-    slot: ResponseSlot, h: RequestHeader, conn_id: str, identity: Identity, handles: Handles, answers: Mapping[Destination, BrokerAnswer]
-) -> CaptureRow:
-    assert slot.captured is not None
-    ts_start, request, topology = slot.captured
-    subrequests = []
-    for d, p in handles.items():
-        if isinstance(p, Pending) and p.request is not None:
-            answer = answers.get(d)  # as the merge saw it (None: failed, or not in yet)
-            subrequests.append((p.broker, p.request[4:], bytes(answer.payload) if isinstance(answer, Response) else None))
-    return CaptureRow(
-        ts_start=ts_start,
-        ts_end=time.time_ns(),
-        conn_id=conn_id,
-        api_key=h.api_key,
-        api_version=h.api_version,
-        correlation_id=h.correlation_id,
-        request=request,
-        response=None if slot.parts is None else b"".join(bytes(x) for x in slot.parts),
-        subrequests=subrequests,
-        topology=topology_document(topology, identity.node_id, identity.host, identity.port),
-    )
