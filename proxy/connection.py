@@ -6,7 +6,7 @@ happens in this module. Its states and what moves it between them:
 - **logging in** (SASL required): frames up to ``login.max_receive_bytes``,
   a login deadline, bytes held in the pool of connections not logged in,
   only SASL requests answered (:mod:`.client_auth`) -> **logged in** once the
-  session says so (:meth:`ClientConnection._logged_in`). Without SASL a
+  session says so (:class:`_Login`). Without SASL a
   connection starts logged in.
 - **reading**: frames are read continuously, each request handed once to
   the :class:`~proxy.forwarder.Forwarder`, which owns it until its answer.
@@ -44,10 +44,10 @@ from dataclasses import dataclass, field
 import trio
 
 from backends.cluster import Cluster
-from backends.links import BrokerConnect, Lane, LinkPool
-from backends.sasl import relogin_confirmed
+from backends.links import BrokerConnect, LinkPool
 
 from . import metrics
+from .broker_login import confirm_login
 from .budget import Budget, MemoryPool
 from .capture import Capture
 from .client_auth import Answer, ClientAuthConfig, ClientSession, Refused
@@ -159,6 +159,64 @@ class _Receiver:
         return None
 
 
+class _Login:
+    """The logging-in state, with SASL: the client's session, its place among the connections not logged in
+    yet (small frames, a deadline, their own memory pool), and the move to logged in."""
+
+    def __init__(self, auth: ClientAuthConfig, conn: ClientConnection, admitted: Admitted | None) -> None:
+        self._conn = conn
+        self.admitted = admitted or PreLogin(conn.limits.login).admit(host_of(conn.peer))
+        assert self.admitted is not None
+        conn._budget.pool = conn._receiver.pool = self.admitted.prelogin.pool
+        conn._receiver.login_deadline = self.admitted.deadline
+        self.session = ClientSession(auth, f"client {conn.id} ({conn.peer})", confirm=self._confirm, on_login=self._relogin)
+        self.links: LinkPool | None = None  # the connection's, once it runs
+
+    @property
+    def pending(self) -> bool:
+        """Not logged in yet."""
+        return self.admitted is not None
+
+    async def admit(self, payload: bytes | memoryview, reader: FrameReader) -> Answer | None:
+        """kfan's own answer to a SASL request (None: not one, the request is served); closes on a refusal."""
+        conn = self._conn
+        try:
+            answer = await self.session.admit(payload)
+        except Refused as e:
+            log.warning("client %s (%s): closing: %s", conn.id, conn.peer, e)
+            raise _Close(e.reason) from None
+        except Malformed as e:
+            key, version, cid = peek_request(payload) if len(payload) >= 8 else (-1, -1, -1)
+            log.warning("client %s: closing on SASL request api_key=%s v%s correlation_id=%s: %s", conn.id, key, version, cid, e)
+            raise _Close("malformed") from e
+        if self.admitted is not None and self.session.authenticated:
+            self._logged_in(reader)
+        return answer
+
+    def _logged_in(self, reader: FrameReader) -> None:
+        """The client logged in: the full frame size, no login deadline, and the pool logged-in clients share."""
+        admitted, self.admitted = self.admitted, None
+        assert admitted is not None
+        admitted.leave()
+        conn = self._conn
+        reader.max_frame_bytes = conn.limits.max_frame_bytes
+        conn._receiver.login_deadline = math.inf
+        held = conn._budget.used + conn._receiver.partial
+        admitted.prelogin.pool.sub(held)
+        conn._pool.add(held)
+        conn._budget.pool = conn._receiver.pool = conn._pool
+
+    async def _confirm(self, credentials: object) -> str | None:
+        """Log a broker link in with the client's credentials (--broker-identity client): None if the broker took them."""
+        assert self.links is not None
+        return await confirm_login(self.links, self._conn.limits.request_timeout, relogin=self.session.authenticated)
+
+    def _relogin(self) -> None:
+        """The client logged in again: with its identity carried, so do its broker links."""
+        if self.links is not None and self.session.config.carry_identity:
+            self.links.reauthenticate()
+
+
 class ClientConnection:
     """One client connection: its state, its reader and its writer (see the module's docstring)."""
 
@@ -191,26 +249,17 @@ class ClientConnection:
         self._pool = pool if pool is not None else MemoryPool(limits.max_buffered_bytes)
         self._budget = Budget(limits.max_connection_bytes, self._pool)
         self._receiver = _Receiver(stream, limits, self._budget, self._pool, self.id)
-        # Until the SASL login: small frames, a deadline, and bytes held in the pool of those not logged in.
-        self._admitted: Admitted | None = None
-        if auth is not None:
-            self._admitted = admitted or PreLogin(limits.login).admit(host_of(peer))
-            assert self._admitted is not None
-            self._budget.pool = self._receiver.pool = self._admitted.prelogin.pool
-            self._receiver.login_deadline = self._admitted.deadline
         self._orderer = ResponseOrderer(limits.max_inflight)
-        name = f"client {self.id} ({peer})"
-        self._session = None if auth is None else ClientSession(auth, name, confirm=self._confirm, on_login=self._relogin)
-        self._links: LinkPool | None = None
+        self._login = None if auth is None else _Login(auth, self, admitted)
 
     async def run(self) -> None:
         """Serve the client until it leaves or must go; never raises (but for cancellation)."""
         try:
             async with trio.open_nursery() as nursery:
-                session = self._session
+                session = None if self._login is None else self._login.session
                 carry = session is not None and session.config.carry_identity
                 limits = self.limits
-                links = self._links = LinkPool(
+                links = LinkPool(
                     self.cluster,
                     nursery,
                     max_frame_bytes=limits.max_frame_bytes,
@@ -219,6 +268,8 @@ class ClientConnection:
                     credentials=session.broker_credentials if carry and session is not None else None,
                     budget=self._budget,  # brokers' answers count as held for this client
                 )
+                if self._login is not None:
+                    self._login.links = links
                 self._forwarder = Forwarder(
                     self.cluster,
                     links,
@@ -258,29 +309,18 @@ class ClientConnection:
         """Stop reading requests; answer those already read, then close (graceful shutdown)."""
         self._receiver.drain()
 
-    def _logged_in(self, reader: FrameReader) -> None:
-        """The client logged in: the full frame size, no login deadline, and the pool logged-in clients share."""
-        admitted, self._admitted = self._admitted, None
-        assert admitted is not None
-        admitted.leave()
-        reader.max_frame_bytes = self.limits.max_frame_bytes
-        self._receiver.login_deadline = math.inf
-        held = self._budget.used + self._receiver.partial
-        admitted.prelogin.pool.sub(held)
-        self._pool.add(held)
-        self._budget.pool = self._receiver.pool = self._pool
-
     # --- reading -------------------------------------------------------------
 
     async def _read(self) -> None:
-        reader = FrameReader(self.limits.max_frame_bytes if self._admitted is None else self.limits.login.max_receive_bytes)
+        logging_in = self._login is not None and self._login.pending
+        reader = FrameReader(self.limits.login.max_receive_bytes if logging_in else self.limits.max_frame_bytes)
         first = True  # no byte read yet
         while True:
             await self._orderer.make_room()  # before reading: at most max_inflight requests read and not yet answered
             try:
                 payload = reader.next_frame()
             except FrameTooLarge as e:
-                if self._admitted is not None:
+                if self._login is not None and self._login.pending:
                     log.warning("client %s (%s): %s before login (--client-auth-max-receive-bytes), closing", self.id, self.peer, e)
                     raise _Close("login_frame_too_large") from e
                 log.warning("client %s: malformed frame, closing: %s", self.id, e)
@@ -310,62 +350,18 @@ class ClientConnection:
                 self._receiver.sync_partial(reader)
                 continue
             metrics.BYTES.labels("client_in").inc(len(payload) + 4)
-            if self._session is not None:
-                answer = await self._admit(payload)
-                if self._admitted is not None and self._session.authenticated:
-                    self._logged_in(reader)
-                if answer is not None:
-                    # kfan's own SASL answer, in its place in the response order.
-                    slot = ResponseSlot(0, answer.api_key)
-                    metrics.CLIENT_REQUESTS.labels(str(answer.api_key), "-").inc()
-                    await self._orderer.place(slot)
-                    slot.parts, slot.close_after = answer.parts, answer.close
-                    slot.done.set()
-                    continue
+            if self._login is not None and (answer := await self._login.admit(payload, reader)) is not None:
+                # kfan's own SASL answer, in its place in the response order.
+                slot = ResponseSlot(0, answer.api_key)
+                metrics.CLIENT_REQUESTS.labels(str(answer.api_key), "-").inc()
+                await self._orderer.place(slot)
+                slot.parts, slot.close_after = answer.parts, answer.close
+                slot.done.set()
+                continue
             try:
                 await self._forwarder.take(payload)  # the request is the forwarder's from here to its answer
             except Unanswerable as e:
                 raise _Close(e.reason) from e
-
-    async def _admit(self, payload: bytes | memoryview) -> Answer | None:
-        assert self._session is not None
-        try:
-            return await self._session.admit(payload)
-        except Refused as e:
-            log.warning("client %s (%s): closing: %s", self.id, self.peer, e)
-            raise _Close(e.reason) from None
-        except Malformed as e:
-            key, version, cid = peek_request(payload) if len(payload) >= 8 else (-1, -1, -1)
-            log.warning("client %s: closing on SASL request api_key=%s v%s correlation_id=%s: %s", self.id, key, version, cid, e)
-            raise _Close("malformed") from e
-
-    async def _confirm(self, credentials: object) -> str | None:
-        """Log a broker link in with the client's credentials (--broker-identity client): None if the broker took them."""
-        links = self._links
-        assert links is not None
-        broker = links.default_broker()
-        link = None if broker is None else links.link(broker, Lane.MAIN)
-        if link is None:
-            return "no broker is reachable"
-        with trio.move_on_after(self.limits.request_timeout):
-            await link.ready.wait()
-        if not link.ready.is_set():
-            link.close()
-            return f"broker {broker} did not answer the login within {self.limits.request_timeout:.0f} s"
-        if link.failed is not None:
-            return str(link.failed)
-        if self._session is not None and self._session.authenticated:
-            # A re-authentication: the open link logs in again with the new credentials, before the client is answered.
-            with trio.move_on_after(self.limits.request_timeout):
-                return await relogin_confirmed(link)
-            link.close()
-            return f"broker {broker} did not answer the login within {self.limits.request_timeout:.0f} s"
-        return None
-
-    def _relogin(self) -> None:
-        """The client logged in again: with its identity carried, so do its broker links."""
-        if self._links is not None and self._session is not None and self._session.config.carry_identity:
-            self._links.reauthenticate()
 
     # --- writing ---------------------------------------------------------------------
 
