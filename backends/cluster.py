@@ -2,10 +2,10 @@
 
 Learns each broker's API versions at start (and so what kfan advertises),
 keeps the :class:`Topology` fresh (periodically, and at once when a request
-hit a leadership error), knows which brokers are reachable, and applies the
-effects merges ask for. Its own requests go over its own links
-(:mod:`.control`); group and transaction coordinators are cached in
-:mod:`.coordinators`.
+hit a leadership error), knows which brokers are reachable, and takes in
+what merges learned (:mod:`proxy.effects` applies their effects). Its own
+requests go over its own links (:mod:`.control`); group and transaction
+coordinators are cached in :mod:`.coordinators`.
 
 Brokers are not trusted: any answer may fail to decode, name no broker, or
 never come. The control plane then keeps its last good topology, falls back
@@ -22,17 +22,8 @@ from typing import Any
 import trio
 
 from proxy import metrics
-from proxy.core import (
-    Effect,
-    FoldMetadata,
-    ForgetCoordinators,
-    ForgetReadReplicas,
-    LearnCoordinators,
-    LearnReadReplicas,
-    RefreshTopology,
-    advertised_versions,
-)
-from proxy.core.read_replicas import ReadReplicas
+from proxy.core import advertised_versions
+from proxy.core.read_replicas import ReadReplicaKey, ReadReplicas
 from proxy.core.topology import Topology
 
 from . import backoff
@@ -306,31 +297,17 @@ class Cluster:
 
     # --- what connections ask -------------------------------------------------
 
-    def apply(self, effects: Iterable[Effect], coordinators: Coordinators | None = None) -> None:
-        """Do what a merge asked of the cluster (the connection's own effects are ignored).
+    def learn_read_replicas(self, replicas: Mapping[ReadReplicaKey, int]) -> None:
+        """Leaders named these preferred read replicas (:class:`~proxy.core.LearnReadReplicas`)."""
+        evictions = self.read_replicas.evictions
+        self.read_replicas.learn(replicas, trio.current_time())
+        metrics.CACHE_EVICTIONS.labels("read_replicas").inc(self.read_replicas.evictions - evictions)
+        metrics.CACHE_BYTES.labels("read_replicas").set(self.read_replicas.bytes)
 
-        ``coordinators``: the connection's view of the coordinator cache (its own
-        with ``--broker-identity client``); None: kfan's own.
-        """
-        coordinators = self.coordinators if coordinators is None else coordinators
-        for effect in effects:
-            if isinstance(effect, FoldMetadata):
-                self.fold_metadata(effect.metadata, described_only=effect.described_only)
-            elif isinstance(effect, LearnCoordinators):
-                coordinators.learn(effect.coordinators)
-            elif isinstance(effect, ForgetCoordinators):
-                for c in effect.coordinators:
-                    coordinators.forget(c)
-            elif isinstance(effect, RefreshTopology):
-                self.request_refresh()
-            elif isinstance(effect, LearnReadReplicas):
-                evictions = self.read_replicas.evictions
-                self.read_replicas.learn(effect.replicas, trio.current_time())
-                metrics.CACHE_EVICTIONS.labels("read_replicas").inc(self.read_replicas.evictions - evictions)
-                metrics.CACHE_BYTES.labels("read_replicas").set(self.read_replicas.bytes)
-            elif isinstance(effect, ForgetReadReplicas):
-                self.read_replicas.forget(effect.keys)
-                metrics.CACHE_BYTES.labels("read_replicas").set(self.read_replicas.bytes)
+    def forget_read_replicas(self, keys: Iterable[ReadReplicaKey]) -> None:
+        """These preferences ended (:class:`~proxy.core.ForgetReadReplicas`): back to the leaders."""
+        self.read_replicas.forget(keys)
+        metrics.CACHE_BYTES.labels("read_replicas").set(self.read_replicas.bytes)
 
     def fold_metadata(self, metadata: Mapping[str, Any], *, described_only: bool = False) -> None:
         """``described_only``: a client's answer (see :class:`~proxy.core.FoldMetadata`): its errors change nothing."""

@@ -4,9 +4,10 @@
   Kafka's schemas, frames, headers, API keys, error codes); stdlib and kio only.
 - :mod:`proxy.core`: the sans-IO core (the route table, one module per routing
   policy, identity rewriting, the topology snapshot); imports only proxy.kafka.
-- the trio layer: :mod:`proxy.connection` (one client), :mod:`proxy.gather`,
-  :mod:`proxy.server`, :mod:`proxy.cli`, which use everything, including the
-  broker side in :mod:`backends`.
+- the trio layer: :mod:`proxy.connection` (one client), :mod:`proxy.forwarder`
+  (each request's owner) and the modules beside them, :mod:`proxy.server`,
+  :mod:`proxy.cli`, which use everything, including the broker side in
+  :mod:`backends`.
 
 :mod:`proxy.capture` (capture, pcap import, live replay) builds on the core
 and never on the connection layer. ``tests/test_layers.py`` pins the rule.

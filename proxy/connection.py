@@ -1,26 +1,36 @@
-"""One client connection: read frames, plan, send, gather, merge, answer in order.
+"""One client connection's state machine and its I/O: frames in, answers out in order (trio).
 
-The reader reads frames continuously, plans each request (the pure core,
-:func:`proxy.core.plan_request`), resolves coordinators and submits
-sub-requests to this connection's links in the client's order, then hands
-the wait-and-merge to a task of its own: many requests are in flight at once.
-The writer writes responses strictly in request order. acks=0 Produce
-requests hold a place in that order but write nothing. In-flight requests and
-held bytes (frames arriving, requests in flight with their decoded form,
-responses unwritten; see :mod:`.budget`) are bounded: when either is full the
-reader stops reading, and TCP pushes back on the client.
+The rule, after h11: everything that changes this connection's state
+happens in this module. Its states and what moves it between them:
 
-Every wait has a deadline: a frame must arrive whole within ``frame_timeout``,
-an idle connection is closed after ``idle_timeout`` (Kafka's
-connections.max.idle.ms), and a request may keep a broker no longer than its
-own fields allow, capped by ``max_hold``. A client's EOF or reset ends the
-connection at once, and with it every request in flight and every broker link.
+- **logging in** (SASL required): frames up to ``login.max_receive_bytes``,
+  a login deadline, bytes held in the pool of connections not logged in,
+  only SASL requests answered (:mod:`.client_auth`) -> **logged in** once the
+  session says so (:class:`_Login`). Without SASL a
+  connection starts logged in.
+- **reading**: frames are read continuously, each request handed once to
+  the :class:`~proxy.forwarder.Forwarder`, which owns it until its answer.
+  The reader waits (and TCP pushes back on the client) while the requests in
+  flight (:mod:`.ordering`) or the bytes held (frames arriving, requests in
+  flight with their decoded form, responses unwritten; :mod:`.budget`) are at
+  their bound. -> **draining** on :meth:`ClientConnection.drain` (graceful
+  stop): no new request is read, those read are answered.
+- **closing** -> **closed**: a deadline passed (a frame begun must arrive
+  whole within ``frame_timeout``; a connection with nothing in flight is
+  closed after ``idle_timeout``, Kafka's connections.max.idle.ms), the client
+  left (EOF or reset: what it waits for is abandoned at once, with every
+  broker link), it sent what kfan cannot serve, or the writer reached an
+  answer that ends the connection (a slot's ``close``, or ``close_after``
+  once written). ``run``'s end releases everything held for the client.
 
 A failure while handling one request ends at most this connection (logged
 with the request's api key, version and correlation id, and counted); nothing
 escapes :meth:`ClientConnection.run`. The stream is any ``trio.abc.Stream``
 and broker links open through ``connect_broker``, so the whole connection
 runs over memory streams in tests.
+
+Boundaries: which connections are served is admission's (:mod:`.admission`);
+what a request means and how it is answered is the forwarder's.
 """
 
 from __future__ import annotations
@@ -28,51 +38,34 @@ from __future__ import annotations
 import itertools
 import logging
 import math
-import os
-import time
-from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import trio
 
 from backends.cluster import Cluster
-from backends.link import Pending
-from backends.links import BrokerConnect, Lane, LinkPool
-from backends.sasl import relogin_confirmed
+from backends.links import BrokerConnect, LinkPool
 
 from . import metrics
+from .broker_login import confirm_login
 from .budget import Budget, MemoryPool
 from .capture import Capture
-from .capture.rows import CaptureRow, topology_document
 from .client_auth import Answer, ClientAuthConfig, ClientSession, Refused
-from .core import (
-    BrokerAnswer,
-    Context,
-    Destination,
-    Forward,
-    Identity,
-    LocalReply,
-    Response,
-    Unsupported,
-)
-from .core.layout import TopicPartition
-from .core.topology import Topology
-from .forwarder import Forwarder, Handles
+from .core import Identity
+from .forwarder import Forwarder, Unanswerable
 from .frame_io import receive_into, send_frame
 from .kafka.frames import MAPPED_FROM, FrameReader, FrameTooLarge
-from .kafka.headers import RequestHeader, peek_request, response_header
-from .kafka.records import Invalid
-from .kafka.wire import Malformed, Parts
+from .kafka.headers import peek_request
+from .kafka.wire import Malformed
+from .ordering import ResponseOrderer, ResponseSlot
 from .prelogin import Admitted, PreLogin, PreLoginLimits, host_of
 from .reclaim import release_later
-from .security.tls import ServerTLS, looks_like_tls, principal_of
+from .security.tls import looks_like_tls
 
 log = logging.getLogger("kfan.connection")
 _ids = itertools.count(1)
 # How long a connection kfan ends after an answer (a failed login) waits for the client to close it.
 CLOSE_LINGER = 1.0
-_refused_logged_at = -math.inf  # when a refusal past --max-connections was last logged
 
 
 @dataclass(frozen=True)
@@ -99,24 +92,6 @@ class _Close(Exception):
         self.reason = reason
         if reason != "eof":  # the client's own doing
             metrics.CLIENT_CLOSES.labels(reason).inc()
-
-
-class ResponseSlot:
-    """A place in the response order."""
-
-    __slots__ = ("done", "parts", "close", "close_after", "size", "started", "api_key", "captured")
-
-    def __init__(self, size: int, api_key: int) -> None:
-        self.done = trio.Event()
-        self.parts: Parts | None = None
-        self.close: str | None = None  # end the connection here, for this reason
-        self.close_after: str | None = None  # end it once this response is written (a failed login)
-        self.size = size  # bytes held for it: the request's cost, then its response's too
-        self.started = trio.current_time()
-        self.api_key = api_key
-        # When sampled: wall-clock ns at read, the request, and the topology its plan used
-        # (not the one current when it is answered: a refresh in between may have moved leaders).
-        self.captured: tuple[int, bytes, Topology] | None = None
 
 
 class _Receiver:
@@ -184,7 +159,67 @@ class _Receiver:
         return None
 
 
+class _Login:
+    """The logging-in state, with SASL: the client's session, its place among the connections not logged in
+    yet (small frames, a deadline, their own memory pool), and the move to logged in."""
+
+    def __init__(self, auth: ClientAuthConfig, conn: ClientConnection, admitted: Admitted | None) -> None:
+        self._conn = conn
+        self.admitted = admitted or PreLogin(conn.limits.login).admit(host_of(conn.peer))
+        assert self.admitted is not None
+        conn._budget.pool = conn._receiver.pool = self.admitted.prelogin.pool
+        conn._receiver.login_deadline = self.admitted.deadline
+        self.session = ClientSession(auth, f"client {conn.id} ({conn.peer})", confirm=self._confirm, on_login=self._relogin)
+        self.links: LinkPool | None = None  # the connection's, once it runs
+
+    @property
+    def pending(self) -> bool:
+        """Not logged in yet."""
+        return self.admitted is not None
+
+    async def admit(self, payload: bytes | memoryview, reader: FrameReader) -> Answer | None:
+        """kfan's own answer to a SASL request (None: not one, the request is served); closes on a refusal."""
+        conn = self._conn
+        try:
+            answer = await self.session.admit(payload)
+        except Refused as e:
+            log.warning("client %s (%s): closing: %s", conn.id, conn.peer, e)
+            raise _Close(e.reason) from None
+        except Malformed as e:
+            key, version, cid = peek_request(payload) if len(payload) >= 8 else (-1, -1, -1)
+            log.warning("client %s: closing on SASL request api_key=%s v%s correlation_id=%s: %s", conn.id, key, version, cid, e)
+            raise _Close("malformed") from e
+        if self.admitted is not None and self.session.authenticated:
+            self._logged_in(reader)
+        return answer
+
+    def _logged_in(self, reader: FrameReader) -> None:
+        """The client logged in: the full frame size, no login deadline, and the pool logged-in clients share."""
+        admitted, self.admitted = self.admitted, None
+        assert admitted is not None
+        admitted.leave()
+        conn = self._conn
+        reader.max_frame_bytes = conn.limits.max_frame_bytes
+        conn._receiver.login_deadline = math.inf
+        held = conn._budget.used + conn._receiver.partial
+        admitted.prelogin.pool.sub(held)
+        conn._pool.add(held)
+        conn._budget.pool = conn._receiver.pool = conn._pool
+
+    async def _confirm(self, credentials: object) -> str | None:
+        """Log a broker link in with the client's credentials (--broker-identity client): None if the broker took them."""
+        assert self.links is not None
+        return await confirm_login(self.links, self._conn.limits.request_timeout, relogin=self.session.authenticated)
+
+    def _relogin(self) -> None:
+        """The client logged in again: with its identity carried, so do its broker links."""
+        if self.links is not None and self.session.config.carry_identity:
+            self.links.reauthenticate()
+
+
 class ClientConnection:
+    """One client connection: its state, its reader and its writer (see the module's docstring)."""
+
     def __init__(
         self,
         stream: trio.abc.Stream,
@@ -208,65 +243,52 @@ class ClientConnection:
         self.identity = identity
         self.limits = limits
         self.id = next(_ids)
+        self.peer = peer
+        self.principal = principal
         self._connect_broker = connect_broker
         self._pool = pool if pool is not None else MemoryPool(limits.max_buffered_bytes)
         self._budget = Budget(limits.max_connection_bytes, self._pool)
         self._receiver = _Receiver(stream, limits, self._budget, self._pool, self.id)
-        # Until the SASL login: small frames, a deadline, and bytes held in the pool of those not logged in.
-        self._admitted: Admitted | None = None
-        if auth is not None:
-            self._admitted = admitted or PreLogin(limits.login).admit(host_of(peer))
-            assert self._admitted is not None
-            self._budget.pool = self._receiver.pool = self._admitted.prelogin.pool
-            self._receiver.login_deadline = self._admitted.deadline
-        self._inflight = 0
-        # One token per request between its read and its response's write:
-        # the reader takes one before reading the next request, so at most
-        # max_inflight requests are read and not yet answered.
-        self._capacity = trio.Semaphore(limits.max_inflight)
-        self.peer = peer
-        self.principal = principal
-        name = f"client {self.id} ({peer})"
-        self._session = None if auth is None else ClientSession(auth, name, confirm=self._confirm, on_login=self._relogin)
-        self._links: LinkPool | None = None
-        self._logged_refused = False
-        # Sub-requests of requests that want no answer (Produce acks=0), until written to their brokers.
-        self._unanswered: list[Handles] = []
+        self._orderer = ResponseOrderer(limits.max_inflight)
+        self._login = None if auth is None else _Login(auth, self, admitted)
 
     async def run(self) -> None:
         """Serve the client until it leaves or must go; never raises (but for cancellation)."""
         try:
             async with trio.open_nursery() as nursery:
-                self._nursery = nursery
-                session = self._session
+                session = None if self._login is None else self._login.session
                 carry = session is not None and session.config.carry_identity
-                links = self._links = LinkPool(
+                limits = self.limits
+                links = LinkPool(
                     self.cluster,
                     nursery,
-                    max_frame_bytes=self.limits.max_frame_bytes,
+                    max_frame_bytes=limits.max_frame_bytes,
                     keep_requests=self.capture is not None,
                     connect=self._connect_broker,
                     credentials=session.broker_credentials if carry and session is not None else None,
                     budget=self._budget,  # brokers' answers count as held for this client
                 )
-                limits = self.limits
+                if self._login is not None:
+                    self._login.links = links
                 self._forwarder = Forwarder(
                     self.cluster,
                     links,
                     self.identity,
+                    self._orderer,
+                    self._budget,
+                    nursery,
+                    client=self.id,
+                    peer=self.peer,
+                    capture=self.capture,
                     request_timeout=limits.request_timeout,
                     max_hold=limits.max_hold,
-                    client=self.id,
-                    client_identity=carry,
                     validate_records=limits.validate_records,
                     fetch_ahead_bytes=limits.fetch_ahead_bytes,
-                    budget=self._budget,
-                    nursery=nursery,
+                    client_identity=carry,
                 )
-                send, receive = trio.open_memory_channel[ResponseSlot](self.limits.max_inflight)
-                nursery.start_soon(self._write, receive, nursery.cancel_scope)
-                async with send:
-                    await self._read(send)
+                nursery.start_soon(self._write, nursery.cancel_scope)
+                async with self._orderer:
+                    await self._read()
         except* _Close:
             pass
         except* (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as eg:
@@ -277,7 +299,7 @@ class ClientConnection:
             metrics.CLIENT_CLOSES.labels("internal_error").inc()
             log.error("client %s: closing after an unexpected error", self.id, exc_info=eg)
         finally:
-            metrics.INFLIGHT.dec(self._inflight)  # requests the connection's end abandoned
+            self._orderer.abandon()  # requests the connection's end abandoned
             self._budget.release_all()
             self._receiver.release()
             with trio.CancelScope(shield=True):
@@ -289,30 +311,16 @@ class ClientConnection:
 
     # --- reading -------------------------------------------------------------
 
-    def _logged_in(self, reader: FrameReader) -> None:
-        """The client logged in: the full frame size, no login deadline, and the pool logged-in clients share."""
-        admitted, self._admitted = self._admitted, None
-        assert admitted is not None
-        admitted.leave()
-        reader.max_frame_bytes = self.limits.max_frame_bytes
-        self._receiver.login_deadline = math.inf
-        held = self._budget.used + self._receiver.partial
-        admitted.prelogin.pool.sub(held)
-        self._pool.add(held)
-        self._budget.pool = self._receiver.pool = self._pool
-
-    async def _read(self, send: trio.MemorySendChannel[ResponseSlot]) -> None:
-        reader = FrameReader(self.limits.max_frame_bytes if self._admitted is None else self.limits.login.max_receive_bytes)
-        holding = False  # a capacity token for the next request
+    async def _read(self) -> None:
+        logging_in = self._login is not None and self._login.pending
+        reader = FrameReader(self.limits.login.max_receive_bytes if logging_in else self.limits.max_frame_bytes)
         first = True  # no byte read yet
         while True:
-            if not holding:
-                await self._capacity.acquire()
-                holding = True
+            await self._orderer.make_room()  # before reading: at most max_inflight requests read and not yet answered
             try:
                 payload = reader.next_frame()
             except FrameTooLarge as e:
-                if self._admitted is not None:
+                if self._login is not None and self._login.pending:
                     log.warning("client %s (%s): %s before login (--client-auth-max-receive-bytes), closing", self.id, self.peer, e)
                     raise _Close("login_frame_too_large") from e
                 log.warning("client %s: malformed frame, closing: %s", self.id, e)
@@ -322,7 +330,7 @@ class ClientConnection:
                 raise _Close("malformed") from e
             self._receiver.sync_partial(reader)
             if payload is None:
-                n = await self._receiver.receive(busy=lambda: self._inflight > 0, reader=reader)
+                n = await self._receiver.receive(busy=lambda: self._orderer.inflight > 0, reader=reader)
                 if n is None:
                     return  # draining: every complete request read is answered; no new ones
                 if not n:
@@ -333,7 +341,7 @@ class ClientConnection:
                     # sub-requests are written first (clients close right after).
                     if reader.pending_partial():
                         log.warning("client %s: connection ended inside a frame", self.id)
-                    await self._send_unanswered()
+                    await self._forwarder.send_unanswered()
                     raise _Close("eof")
                 if first and looks_like_tls(reader.peek(16)):
                     log.warning("client %s (%s): a TLS handshake on a plaintext listener, closing", self.id, self.peer)
@@ -342,179 +350,23 @@ class ClientConnection:
                 self._receiver.sync_partial(reader)
                 continue
             metrics.BYTES.labels("client_in").inc(len(payload) + 4)
-            if self._session is not None:
-                answer = await self._admit(payload)
-                if self._admitted is not None and self._session.authenticated:
-                    self._logged_in(reader)
-                if answer is not None:
-                    # kfan's own SASL answer, in its place in the response order.
-                    slot = ResponseSlot(0, answer.api_key)
-                    metrics.CLIENT_REQUESTS.labels(str(answer.api_key), "-").inc()
-                    metrics.INFLIGHT.inc()
-                    self._inflight += 1
-                    await send.send(slot)
-                    holding = False
-                    slot.parts, slot.close_after = answer.parts, answer.close
-                    slot.done.set()
-                    continue
-            read_at = time.time_ns() if self.capture is not None and self.capture.sampled() else None
-            ctx, plan = await self._plan(payload)
-            if plan.refused:
-                self._refused_records(plan.refused)
-            await self._budget.acquire(plan.cost)
-            h = plan.header
-            slot = ResponseSlot(plan.cost, h.api_key)
-            if read_at is not None:
-                slot.captured = (read_at, bytes(payload), ctx.topology)
-            metrics.CLIENT_REQUESTS.labels(str(h.api_key), str(h.api_version)).inc()
-            metrics.FANOUT.labels(str(h.api_key)).observe(len(plan.subs) if isinstance(plan, Forward) else 0)
-            metrics.INFLIGHT.inc()
-            self._inflight += 1
-            await send.send(slot)
-            holding = False  # the slot has it now; the writer gives it back
-            if isinstance(plan, LocalReply):
-                _count_errors(plan.errors)
-                self._answer(slot, plan.header, plan.body if plan.expect_response else None)
+            if self._login is not None and (answer := await self._login.admit(payload, reader)) is not None:
+                # kfan's own SASL answer, in its place in the response order.
+                slot = ResponseSlot(0, answer.api_key)
+                metrics.CLIENT_REQUESTS.labels(str(answer.api_key), "-").inc()
+                await self._orderer.place(slot)
+                slot.parts, slot.close_after = answer.parts, answer.close
+                slot.done.set()
                 continue
-            assert isinstance(plan, Forward)
-            submitted_at = trio.current_time()
             try:
-                handles = await self._forwarder.submit(plan)
-            except Exception as e:
-                log.error("client %s: unexpected error sending %s", self.id, _describe(h), exc_info=True)
-                raise _Close("internal_error") from e
-            if not plan.expect_response:
-                self._unanswered.append(handles)
-            self._nursery.start_soon(self._complete, plan, handles, slot, submitted_at)
-
-    def _refused_records(self, refused: Mapping[TopicPartition, Invalid]) -> None:
-        for problem in refused.values():
-            metrics.INVALID_BATCHES.labels(problem.reason).inc()
-        if not self._logged_refused:  # once per connection: a client with a bad encoder would flood the log
-            self._logged_refused = True
-            where = ", ".join(f"{topic}-{partition} ({problem.reason})" for (topic, partition), problem in list(refused.items())[:5])
-            log.warning("client %s (%s): refused produced records that no broker would take: %s", self.id, self.peer, where)
-
-    async def _admit(self, payload: bytes | memoryview) -> Answer | None:
-        assert self._session is not None
-        try:
-            return await self._session.admit(payload)
-        except Refused as e:
-            log.warning("client %s (%s): closing: %s", self.id, self.peer, e)
-            raise _Close(e.reason) from None
-        except Malformed as e:
-            key, version, cid = peek_request(payload) if len(payload) >= 8 else (-1, -1, -1)
-            log.warning("client %s: closing on SASL request api_key=%s v%s correlation_id=%s: %s", self.id, key, version, cid, e)
-            raise _Close("malformed") from e
-
-    async def _confirm(self, credentials: object) -> str | None:
-        """Log a broker link in with the client's credentials (--broker-identity client): None if the broker took them."""
-        links = self._links
-        assert links is not None
-        broker = links.default_broker()
-        link = None if broker is None else links.link(broker, Lane.MAIN)
-        if link is None:
-            return "no broker is reachable"
-        with trio.move_on_after(self.limits.request_timeout):
-            await link.ready.wait()
-        if not link.ready.is_set():
-            link.close()
-            return f"broker {broker} did not answer the login within {self.limits.request_timeout:.0f} s"
-        if link.failed is not None:
-            return str(link.failed)
-        if self._session is not None and self._session.authenticated:
-            # A re-authentication: the open link logs in again with the new credentials, before the client is answered.
-            with trio.move_on_after(self.limits.request_timeout):
-                return await relogin_confirmed(link)
-            link.close()
-            return f"broker {broker} did not answer the login within {self.limits.request_timeout:.0f} s"
-        return None
-
-    def _relogin(self) -> None:
-        """The client logged in again: with its identity carried, so do its broker links."""
-        if self._links is not None and self._session is not None and self._session.config.carry_identity:
-            self._links.reauthenticate()
-
-    async def _plan(self, payload: bytes | memoryview) -> tuple[Context, LocalReply | Forward]:
-        """Plan one request; a request kfan cannot plan closes the connection."""
-        try:
-            return await self._forwarder.plan(payload)
-        except (Malformed, Unsupported) as e:
-            key, version, cid = peek_request(payload)
-            log.warning("client %s: closing on request api_key=%s v%s correlation_id=%s: %s", self.id, key, version, cid, e)
-            raise _Close("malformed" if isinstance(e, Malformed) else "unsupported") from e
-        except Exception as e:
-            key, version, cid = peek_request(payload)
-            log.error("client %s: unexpected error planning api_key=%s v%s correlation_id=%s", self.id, key, version, cid, exc_info=True)
-            raise _Close("internal_error") from e
-
-    # --- completing ----------------------------------------------------------------
-
-    async def _complete(self, plan: Forward, handles: Handles, slot: ResponseSlot, submitted_at: float) -> None:
-        try:
-            await self._complete_one(plan, handles, slot, submitted_at)
-        except Exception:
-            # A bug met while answering one request ends this connection (in
-            # order: the responses before it are still written), nothing more.
-            log.error("client %s: unexpected error answering %s", self.id, _describe(plan.header), exc_info=True)
-            slot.close = "internal_error"
-            slot.done.set()
-
-    async def _complete_one(self, plan: Forward, handles: Handles, slot: ResponseSlot, submitted_at: float) -> None:
-        if not plan.expect_response:
-            await self._sent(handles)
-            self._unanswered.remove(handles)
-            self._answer(slot, plan.header, None, handles)
-            return
-        reply, handles, answers = await self._forwarder.reply(plan, handles, submitted_at)
-        if reply is None:
-            # No error code of this response can say a broker failed: close, as a broker would on its own failure.
-            slot.close = "broker_answer"
-            slot.done.set()
-            return
-        _count_errors(reply.errors)
-        for (broker, locality), n in reply.fetched.items():
-            metrics.FETCH_BYTES.labels(str(broker), locality).inc(n)
-        self._answer(slot, plan.header, reply.body, handles, answers)
-
-    async def _sent(self, handles: Handles) -> None:
-        """Until each sub-request is written to its broker (or failed), at most the request timeout."""
-        with trio.move_on_after(self.limits.request_timeout):
-            for h in handles.values():
-                if isinstance(h, Pending):
-                    await h.sent.wait()
-
-    async def _send_unanswered(self) -> None:
-        for handles in list(self._unanswered):
-            await self._sent(handles)
-
-    def _answer(
-        self,
-        slot: ResponseSlot,
-        h: RequestHeader,
-        body: Parts | None,
-        handles: Handles | None = None,
-        answers: Mapping[Destination, BrokerAnswer] | None = None,
-    ) -> None:
-        if body is not None:
-            slot.parts = [response_header(h.api_key, h.api_version, h.correlation_id), *body]
-            # An unwritten response is held for the client too: a client that
-            # does not read its answers stops being read.
-            response_bytes = sum(len(p) for p in slot.parts)
-            self._budget.add(response_bytes)
-            slot.size += response_bytes
-        slot.done.set()
-        if slot.captured is not None and self.capture is not None:
-            self.capture.offer(_capture_row(slot, h, f"{os.getpid()}-{self.id}", self.identity, handles or {}, answers or {}))
+                await self._forwarder.take(payload)  # the request is the forwarder's from here to its answer
+            except Unanswerable as e:
+                raise _Close(e.reason) from e
 
     # --- writing ---------------------------------------------------------------------
 
-    async def _write(self, receive: trio.MemoryReceiveChannel[ResponseSlot], scope: trio.CancelScope) -> None:
-        async for slot in receive:
-            await slot.done.wait()
-            metrics.INFLIGHT.dec()
-            self._inflight -= 1
-            self._capacity.release()
+    async def _write(self, scope: trio.CancelScope) -> None:
+        while (slot := await self._orderer.next_answered()) is not None:
             if slot.close is not None:
                 raise _Close(slot.close)
             if slot.parts is not None:
@@ -540,187 +392,3 @@ class ClientConnection:
                 slot.parts = None
         # The client closed its side and every response is written.
         scope.cancel()
-
-
-def _describe(h: RequestHeader) -> str:
-    return f"api_key={h.api_key} v{h.api_version} correlation_id={h.correlation_id}"
-
-
-def _count_errors(counts: Mapping[tuple[int, int], int]) -> None:
-    for (code, broker), n in counts.items():
-        metrics.ERRORS.labels(str(code), str(broker if isinstance(broker, int) else -1)).inc(n)
-
-
-def _capture_row(
-    slot: ResponseSlot, h: RequestHeader, conn_id: str, identity: Identity, handles: Handles, answers: Mapping[Destination, BrokerAnswer]
-) -> CaptureRow:
-    assert slot.captured is not None
-    ts_start, request, topology = slot.captured
-    subrequests = []
-    for d, p in handles.items():
-        if isinstance(p, Pending) and p.request is not None:
-            answer = answers.get(d)  # as the merge saw it (None: failed, or not in yet)
-            subrequests.append((p.broker, p.request[4:], bytes(answer.payload) if isinstance(answer, Response) else None))
-    return CaptureRow(
-        ts_start=ts_start,
-        ts_end=time.time_ns(),
-        conn_id=conn_id,
-        api_key=h.api_key,
-        api_version=h.api_version,
-        correlation_id=h.correlation_id,
-        request=request,
-        response=None if slot.parts is None else b"".join(bytes(x) for x in slot.parts),
-        subrequests=subrequests,
-        topology=topology_document(topology, identity.node_id, identity.host, identity.port),
-    )
-
-
-class Connections:
-    """The open client connections: what a graceful stop drains, and waits for.
-
-    :meth:`track` holds a connection in the set while it runs.
-    """
-
-    def __init__(self) -> None:
-        self._open: set[ClientConnection] = set()
-        self._empty = trio.Event()  # set while no connection is open
-        self._empty.set()
-
-    def __len__(self) -> int:
-        return len(self._open)
-
-    def __iter__(self) -> Iterator[ClientConnection]:
-        return iter(list(self._open))
-
-    def add(self, conn: ClientConnection) -> None:
-        if self._empty.is_set():
-            self._empty = trio.Event()
-        self._open.add(conn)
-
-    def discard(self, conn: ClientConnection) -> None:
-        self._open.discard(conn)
-        if not self._open:
-            self._empty.set()
-
-    @contextmanager
-    def track(self, conn: ClientConnection) -> Iterator[ClientConnection]:
-        """Count ``conn`` as open for the duration of the ``with`` block."""
-        self.add(conn)
-        try:
-            yield conn
-        finally:
-            self.discard(conn)
-
-    async def wait_empty(self) -> None:
-        """Return once no connection is open (at once if none is)."""
-        while self._open:
-            await self._empty.wait()
-
-
-async def serve_client(
-    stream: trio.abc.Stream,
-    cluster: Cluster,
-    identity: Identity,
-    limits: Limits,
-    registry: Connections | None = None,
-    capture: Capture | None = None,
-    pool: MemoryPool | None = None,
-    *,
-    tls: ServerTLS | None = None,
-    auth: ClientAuthConfig | None = None,
-    prelogin: PreLogin | None = None,
-) -> None:
-    if registry is not None and len(registry) >= limits.max_connections:
-        # As a broker over max.connections: the new connection is closed at once.
-        metrics.CLIENT_CLOSES.labels("max_connections").inc()
-        global _refused_logged_at
-        now = trio.current_time()
-        if now - _refused_logged_at >= 10:  # a connection storm must not flood the log
-            _refused_logged_at = now
-            log.warning("refusing client connections: %d open, the limit (--max-connections)", len(registry))
-        await trio.aclose_forcefully(stream)
-        return
-    peer = peer_of(stream)
-    # Until it has logged in (a SASL login, else its TLS handshake), the connection counts against its address's cap.
-    admitted = (prelogin or PreLogin(limits.login)).admit(host_of(peer))
-    if admitted is None:
-        await trio.aclose_forcefully(stream)
-        return
-    try:
-        await _serve_admitted(stream, cluster, identity, limits, registry, capture, pool, tls, auth, peer, admitted)
-    finally:
-        admitted.leave()
-
-
-async def _serve_admitted(
-    stream: trio.abc.Stream,
-    cluster: Cluster,
-    identity: Identity,
-    limits: Limits,
-    registry: Connections | None,
-    capture: Capture | None,
-    pool: MemoryPool | None,
-    tls: ServerTLS | None,
-    auth: ClientAuthConfig | None,
-    peer: str,
-    admitted: Admitted,
-) -> None:
-    principal = None
-    if tls is not None:
-        secured = await _tls_handshake(stream, tls, peer, limits.frame_timeout)
-        if secured is None:
-            return
-        stream = secured
-        principal = principal_of(secured.getpeercert())
-        if principal is not None:
-            metrics.AUTHENTICATIONS.labels("mTLS", "ok").inc()
-            log.info("client at %s: TLS client certificate of %s", peer, principal)
-    if auth is None:
-        admitted.leave()  # no SASL login to wait for: the client is in
-    conn = ClientConnection(stream, cluster, identity, limits, capture, pool, auth=auth, peer=peer, principal=principal, admitted=admitted)
-    log.debug("client %s connected from %s", conn.id, peer)
-    metrics.CLIENT_CONNECTIONS.inc()
-    try:
-        if registry is None:
-            await conn.run()
-        else:
-            with registry.track(conn):
-                await conn.run()
-    finally:
-        metrics.CLIENT_CONNECTIONS.dec()
-    log.debug("client %s gone", conn.id)
-
-
-async def _tls_handshake(stream: trio.abc.Stream, tls: ServerTLS, peer: str, timeout: float) -> trio.SSLStream[trio.abc.Stream] | None:
-    """The client's TLS, or None (logged, closed) when the handshake fails: a plaintext client, a bad or missing certificate."""
-    secured = trio.SSLStream(stream, tls.context(), server_side=True)
-    try:
-        with trio.fail_after(timeout):
-            await secured.do_handshake()
-        return secured
-    except (trio.BrokenResourceError, trio.TooSlowError, OSError) as e:
-        cause = e.__cause__ if isinstance(e, trio.BrokenResourceError) and e.__cause__ is not None else e
-        text = getattr(cause, "reason", None) or repr(cause)
-        hint = ""
-        if isinstance(e, trio.TooSlowError):
-            text = f"not completed within {timeout:.0f} s (--frame-timeout)"
-        elif text in ("WRONG_VERSION_NUMBER", "HTTP_REQUEST", "UNEXPECTED_EOF_WHILE_READING", "RECORD_LAYER_FAILURE"):
-            hint = " (a plaintext client on the TLS listener?)"
-        elif "CERTIFICATE" in str(text).upper():
-            metrics.AUTHENTICATIONS.labels("mTLS", "failed").inc()
-        log.warning("client at %s: TLS handshake failed, closing: %s%s", peer, text, hint)
-        metrics.CLIENT_CLOSES.labels("tls_handshake").inc()
-        await trio.aclose_forcefully(stream)
-        return None
-
-
-def peer_of(stream: trio.abc.Stream) -> str:
-    """The client's address, "host:port", for the log ("?" for streams without a socket)."""
-    while isinstance(stream, trio.SSLStream):
-        stream = stream.transport_stream
-    sock = getattr(stream, "socket", None)
-    try:
-        host, port = sock.getpeername()[:2]  # type: ignore[union-attr]
-    except (AttributeError, OSError, ValueError, TypeError):
-        return "?"
-    return f"{host}:{port}"

@@ -4,12 +4,16 @@
 drives the pure :class:`proxy.core.fetch.FetchWait`, which decides when a
 Fetch is answered: this module only feeds it answers and wake-ups, and sends
 again what it says to ask again.
+
+Boundaries: what it learns on the way (the watermarks of answers asked again)
+it returns with the answers; it keeps nothing and tells no one else.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Awaitable, Callable, Mapping
+from typing import NamedTuple
 
 import trio
 
@@ -22,12 +26,26 @@ from proxy.core.layout import TopicPartition
 # answers the client without it.
 FETCH_GRACE = 0.02
 
-Handles = Mapping[Destination, Pending | Failed]
+# A request's sub-requests by destination: the answer to come, or why none will.
+Handles = dict[Destination, Pending | Failed]
 # Waits for one pending answer and reads it as a BrokerAnswer (never raises a link's failure).
 Receive = Callable[[Destination, Pending], Awaitable[BrokerAnswer]]
+# Sends one sub-fetch again; None when it cannot be sent.
+Resend = Callable[[Destination], Pending | None]
 
 
-async def gather(handles: Handles, receive: Receive, deadline: float) -> tuple[dict[Destination, BrokerAnswer], set[Destination]]:
+class Gathered(NamedTuple):
+    """What a request's brokers answered: the answers, the handles last used (a Fetch may ask again), and the
+    watermarks learned on the way (of the answers a Fetch asked again)."""
+
+    answers: dict[Destination, BrokerAnswer]
+    handles: Handles
+    watermarks: dict[TopicPartition, Watermarks]
+
+
+async def gather(
+    handles: Mapping[Destination, Pending | Failed], receive: Receive, deadline: float
+) -> tuple[dict[Destination, BrokerAnswer], set[Destination]]:
     """The answers in by ``deadline``, and the destinations still out then."""
     answers: dict[Destination, BrokerAnswer] = {d: h for d, h in handles.items() if isinstance(h, Failed)}
     outstanding = {d for d, h in handles.items() if not isinstance(h, Failed)}
@@ -53,14 +71,9 @@ async def gather(handles: Handles, receive: Receive, deadline: float) -> tuple[d
     return answers, outstanding
 
 
-async def gather_fetch(
-    wait: FetchWait,
-    handles: Handles,
-    receive: Receive,
-    ask_again: Callable[[Destination], Pending | None],
-    remember: Callable[[Mapping[TopicPartition, Watermarks]], None],
-) -> tuple[dict[Destination, BrokerAnswer], dict[Destination, Pending | Failed]]:
-    """A Fetch's answers as :class:`FetchWait` decides (NOT_YET for those still out), and the handles last used."""
+async def gather_fetch(wait: FetchWait, handles: Mapping[Destination, Pending | Failed], receive: Receive, resend: Resend) -> Gathered:
+    """A Fetch's answers as :class:`FetchWait` decides (NOT_YET for those still out), the handles last used,
+    and the watermarks of the answers it asked again (for the connection to remember)."""
     current = dict(handles)
     send, arrivals = trio.open_memory_channel[tuple[Destination, BrokerAnswer]](math.inf)
     async with trio.open_nursery() as nursery:
@@ -72,8 +85,7 @@ async def gather_fetch(
                 again = wait.answered(d, answer, trio.current_time())
                 if again is None:
                     continue
-                remember(again.watermarks)
-                pending = ask_again(d)
+                pending = resend(d)
                 if pending is None:
                     wait.keep(d, answer)
                     continue
@@ -81,7 +93,7 @@ async def gather_fetch(
                 wait.asked_again(d)
                 nursery.start_soon(_deliver, receive, d, pending, send)
         nursery.cancel_scope.cancel()
-    return wait.final(), current
+    return Gathered(wait.final(), current, wait.learned)
 
 
 async def _deliver(

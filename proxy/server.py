@@ -21,12 +21,14 @@ from backends.cluster import Cluster
 
 from . import metrics
 from .accept import serve_listeners
+from .admission import serve_client
 from .budget import MemoryPool
 from .capture import Capture, CaptureConfig
 from .client_auth import SASL_VERSIONS
-from .connection import Connections, Limits, serve_client
+from .connection import Limits
 from .core import Identity
 from .prelogin import PreLogin
+from .registry import Connections
 from .security_options import Security
 
 log = logging.getLogger("kfan.server")

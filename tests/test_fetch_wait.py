@@ -288,7 +288,6 @@ async def test_gather_fetch_asks_an_idle_broker_again(autojump_clock: trio.testi
     plan = fetch_plan((1,))
     old, new = Pending(), Pending()
     asked: list[Destination] = []
-    remembered: list[Mapping[TopicPartition, Watermarks]] = []
 
     def ask_again(d: Destination) -> Pending | None:
         asked.append(d)
@@ -300,10 +299,10 @@ async def test_gather_fetch_asks_an_idle_broker_again(autojump_clock: trio.testi
             nursery.start_soon(answer_later, old, 0.1, empty(2))
             nursery.start_soon(answer_later, new, 0.3, data(2))
             wait = FetchWait(plan, start, MAX_WAIT, GRACE, {2}, set())
-            answers, used = await gather_fetch(wait, {2: old}, receive, ask_again, remembered.append)
+            answers, used, learned = await gather_fetch(wait, {2: old}, receive, ask_again)
             took = trio.current_time() - start
     assert asked == [2]
-    assert remembered == [{P1: (6, 6, 0)}]
+    assert learned == {P1: (6, 6, 0)}, "the empty answer's watermarks are returned, for the connection to remember"
     assert answers == {2: data(2)}
     assert used[2] is new
     assert took == pytest.approx(0.3)
@@ -317,7 +316,7 @@ async def test_gather_fetch_keeps_the_empty_answer_when_it_cannot_ask_again(auto
             start = trio.current_time()
             nursery.start_soon(answer_later, old, 0.1, empty(2))
             wait = FetchWait(plan, start, MAX_WAIT, GRACE, {2}, set())
-            answers, used = await gather_fetch(wait, {2: old}, receive, lambda d: None, lambda w: None)
+            answers, used, _ = await gather_fetch(wait, {2: old}, receive, lambda d: None)
             took = trio.current_time() - start
     assert answers == {2: empty(2)} and used[2] is old
     assert took == pytest.approx(0.1)
@@ -328,9 +327,7 @@ async def test_gather_fetch_answers_not_yet_at_max_wait_and_grace(autojump_clock
     out = Pending()  # never answered
     start = trio.current_time()
     with trio.fail_after(10):
-        answers, used = await gather_fetch(
-            FetchWait(plan, start, MAX_WAIT, GRACE, {2}, {2}), {2: out}, receive, lambda d: None, lambda w: None
-        )
+        answers, used, _ = await gather_fetch(FetchWait(plan, start, MAX_WAIT, GRACE, {2}, {2}), {2: out}, receive, lambda d: None)
     assert answers == {2: NOT_YET} and used[2] is out
     assert trio.current_time() - start == pytest.approx(MAX_WAIT + GRACE)
 

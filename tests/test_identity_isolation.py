@@ -127,17 +127,28 @@ async def test_each_scope_looks_up_with_its_own_asker_and_sees_only_its_own_entr
     assert len(shared.cache) == 1, "one bounded cache for every scope"
 
 
+class NoFetches:
+    """A connection's Fetch memory that no coordinator effect may reach."""
+
+    def remember_watermarks(self, watermarks: object) -> None:
+        raise AssertionError("a coordinator effect reached the Fetch memory")
+
+    def fetch_ahead(self, ahead: object) -> None:
+        raise AssertionError("a coordinator effect reached the Fetch memory")
+
+
 async def test_the_cluster_applies_coordinator_effects_to_the_connections_view() -> None:
     from proxy.core import ForgetCoordinators, LearnCoordinators
+    from proxy.effects import apply_effects
 
     cluster = Cluster([("127.0.0.1", 1)])
     cluster.topology = Topology(brokers=BROKERS)
     mine = cluster.coordinators.scoped(FakeAsker(), scope=object())
     c = Coordinator(GROUP, "g1")
-    cluster.apply([LearnCoordinators({c: 3})], mine)
+    apply_effects([LearnCoordinators({c: 3})], cluster, mine, NoFetches())
     assert mine.known(c) == 3 and cluster.coordinators.known(c) is None
-    cluster.apply([LearnCoordinators({c: 1})])
-    cluster.apply([ForgetCoordinators(frozenset({c}))], mine)
+    apply_effects([LearnCoordinators({c: 1})], cluster, cluster.coordinators, NoFetches())
+    apply_effects([ForgetCoordinators(frozenset({c}))], cluster, mine, NoFetches())
     assert mine.known(c) is None and cluster.coordinators.known(c) == 1
 
 

@@ -34,8 +34,10 @@ FIRST_PARTY = ("proxy", "backends", "spark", "tests")
 PACKAGES = ("proxy", "backends", "spark")  # the tree this test walks
 SHARED = ("proxy.kafka.*", "proxy.core.*", "proxy.metrics")  # what the broker side and the capture side may use
 # The trio layer that wires everything together (and the embedded cluster).
-TOP = ("proxy.cli", "proxy.server", "proxy.connection", "proxy.forwarder", "proxy.gather", "proxy.workers", "proxy.__main__",
-       "proxy.config", "proxy.client_auth", "proxy.security_options", "backends.mock", "proxy.demo", "proxy.logs", "proxy.lifeline")  # fmt: skip
+TOP = ("proxy.cli", "proxy.server", "proxy.connection", "proxy.admission", "proxy.registry", "proxy.ordering", "proxy.forwarder",
+       "proxy.planning", "proxy.dispatch", "proxy.fetches", "proxy.effects", "proxy.broker_login", "proxy.gather", "proxy.workers",
+       "proxy.__main__", "proxy.config", "proxy.client_auth", "proxy.security_options", "backends.mock", "proxy.demo", "proxy.logs",
+       "proxy.lifeline")  # fmt: skip
 
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("proxy", (STDLIB,)),  # the package itself: importing any proxy module runs it

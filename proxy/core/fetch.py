@@ -471,6 +471,9 @@ class FetchWait:
         self.outstanding = set(outstanding)
         self.fresh = set(fresh)
         self.answers: dict[Destination, BrokerAnswer] = {}
+        # What the answers asked again carried: news for the connection (it remembers them once this
+        # Fetch is answered), and already good enough to report for their partitions while it waits.
+        self.learned: dict[TopicPartition, Watermarks] = {}
         # Each answer weighed once as it comes, not again at every wake-up.
         self._weights: dict[Destination, tuple[int, bool]] = {}
         for d, answer in (answers or {}).items():
@@ -481,7 +484,9 @@ class FetchWait:
         self.outstanding.discard(destination)
         weight = weigh(self.plan.header, answer)
         if destination not in self.fresh and now < self.soft and not _enough([weight], 1):
-            return AskAgain(destination, answer_watermarks(self.plan, answer))
+            again = AskAgain(destination, answer_watermarks(self.plan, answer))
+            self.learned.update(again.watermarks)
+            return again
         self.answers[destination] = answer
         self._weights[destination] = weight
         return None
@@ -502,7 +507,7 @@ class FetchWait:
         if self.answers and _enough(self._weights.values(), self.plan.min_bytes):
             # Answered early only if every partition still out has watermarks
             # to report (see _finish); at first, wait for all.
-            known = self.plan.ctx.watermarks.keys()
+            known = self.plan.ctx.watermarks.keys() | self.learned.keys() if self.learned else self.plan.ctx.watermarks.keys()
             if all(self.plan.partitions[d] <= known for d in self.outstanding):
                 return None
         if now >= self.soft and not self.outstanding & self.fresh:

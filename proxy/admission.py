@@ -1,0 +1,145 @@
+"""Which accepted connections are served, and how they get in (trio).
+
+:func:`serve_client` is the listener's handler. A connection past
+``--max-connections`` is closed at once, as a broker over
+``max.connections`` does. Until it has logged in (a SASL login, else its TLS
+handshake), a connection counts against its address's cap of connections not
+logged in yet (:mod:`.prelogin`). On a TLS listener it must complete its
+handshake within ``frame_timeout``; its certificate names its principal.
+Then it is served (:class:`proxy.connection.ClientConnection`) and counted in
+the registry (:mod:`.registry`) while it runs.
+
+Boundaries: what happens once a connection is served, its login included,
+is the connection's; this module decides only whether and how it starts.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+
+import trio
+
+from backends.cluster import Cluster
+
+from . import metrics
+from .budget import MemoryPool
+from .capture import Capture
+from .client_auth import ClientAuthConfig
+from .connection import ClientConnection, Limits
+from .core import Identity
+from .prelogin import Admitted, PreLogin, host_of
+from .registry import Connections
+from .security.tls import ServerTLS, principal_of
+
+log = logging.getLogger("kfan.connection")
+_refused_logged_at = -math.inf  # when a refusal past --max-connections was last logged
+
+
+async def serve_client(
+    stream: trio.abc.Stream,
+    cluster: Cluster,
+    identity: Identity,
+    limits: Limits,
+    registry: Connections | None = None,
+    capture: Capture | None = None,
+    pool: MemoryPool | None = None,
+    *,
+    tls: ServerTLS | None = None,
+    auth: ClientAuthConfig | None = None,
+    prelogin: PreLogin | None = None,
+) -> None:
+    if registry is not None and len(registry) >= limits.max_connections:
+        # As a broker over max.connections: the new connection is closed at once.
+        metrics.CLIENT_CLOSES.labels("max_connections").inc()
+        global _refused_logged_at
+        now = trio.current_time()
+        if now - _refused_logged_at >= 10:  # a connection storm must not flood the log
+            _refused_logged_at = now
+            log.warning("refusing client connections: %d open, the limit (--max-connections)", len(registry))
+        await trio.aclose_forcefully(stream)
+        return
+    peer = peer_of(stream)
+    # Until it has logged in (a SASL login, else its TLS handshake), the connection counts against its address's cap.
+    admitted = (prelogin or PreLogin(limits.login)).admit(host_of(peer))
+    if admitted is None:
+        await trio.aclose_forcefully(stream)
+        return
+    try:
+        await _serve_admitted(stream, cluster, identity, limits, registry, capture, pool, tls, auth, peer, admitted)
+    finally:
+        admitted.leave()
+
+
+async def _serve_admitted(
+    stream: trio.abc.Stream,
+    cluster: Cluster,
+    identity: Identity,
+    limits: Limits,
+    registry: Connections | None,
+    capture: Capture | None,
+    pool: MemoryPool | None,
+    tls: ServerTLS | None,
+    auth: ClientAuthConfig | None,
+    peer: str,
+    admitted: Admitted,
+) -> None:
+    principal = None
+    if tls is not None:
+        secured = await _tls_handshake(stream, tls, peer, limits.frame_timeout)
+        if secured is None:
+            return
+        stream = secured
+        principal = principal_of(secured.getpeercert())
+        if principal is not None:
+            metrics.AUTHENTICATIONS.labels("mTLS", "ok").inc()
+            log.info("client at %s: TLS client certificate of %s", peer, principal)
+    if auth is None:
+        admitted.leave()  # no SASL login to wait for: the client is in
+    conn = ClientConnection(stream, cluster, identity, limits, capture, pool, auth=auth, peer=peer, principal=principal, admitted=admitted)
+    log.debug("client %s connected from %s", conn.id, peer)
+    metrics.CLIENT_CONNECTIONS.inc()
+    try:
+        if registry is None:
+            await conn.run()
+        else:
+            with registry.track(conn):
+                await conn.run()
+    finally:
+        metrics.CLIENT_CONNECTIONS.dec()
+    log.debug("client %s gone", conn.id)
+
+
+async def _tls_handshake(stream: trio.abc.Stream, tls: ServerTLS, peer: str, timeout: float) -> trio.SSLStream[trio.abc.Stream] | None:
+    """The client's TLS, or None (logged, closed) when the handshake fails: a plaintext client, a bad or missing certificate."""
+    secured = trio.SSLStream(stream, tls.context(), server_side=True)
+    try:
+        with trio.fail_after(timeout):
+            await secured.do_handshake()
+        return secured
+    except (trio.BrokenResourceError, trio.TooSlowError, OSError) as e:
+        cause = e.__cause__ if isinstance(e, trio.BrokenResourceError) and e.__cause__ is not None else e
+        text = getattr(cause, "reason", None) or repr(cause)
+        hint = ""
+        if isinstance(e, trio.TooSlowError):
+            text = f"not completed within {timeout:.0f} s (--frame-timeout)"
+        elif text in ("WRONG_VERSION_NUMBER", "HTTP_REQUEST", "UNEXPECTED_EOF_WHILE_READING", "RECORD_LAYER_FAILURE"):
+            hint = " (a plaintext client on the TLS listener?)"
+        elif "CERTIFICATE" in str(text).upper():
+            metrics.AUTHENTICATIONS.labels("mTLS", "failed").inc()
+        log.warning("client at %s: TLS handshake failed, closing: %s%s", peer, text, hint)
+        metrics.CLIENT_CLOSES.labels("tls_handshake").inc()
+        await trio.aclose_forcefully(stream)
+        return None
+
+
+def peer_of(stream: trio.abc.Stream) -> str:
+    """The client's address, "host:port", for the log ("?" for streams without a socket)."""
+    while isinstance(stream, trio.SSLStream):
+        stream = stream.transport_stream
+    sock = getattr(stream, "socket", None)
+    try:
+        host, port = sock.getpeername()[:2]  # type: ignore[union-attr]
+    except (AttributeError, OSError, ValueError, TypeError):
+        return "?"
+    return f"{host}:{port}"

@@ -1,0 +1,145 @@
+"""A plan's sub-requests out to the brokers, and their answers back (trio).
+
+:class:`Dispatcher` sends each sub-request of a :class:`proxy.core.Forward`
+over the connection's links (:class:`backends.links.LinkPool`), resolving
+coordinators and "any broker" first, in the client's order; a Fetch's
+sub-fetches go through the connection's Fetch memory (:mod:`.fetches`),
+which may reuse one already out. It then collects the answers under their
+deadlines (:mod:`.gather`): a broker past every deadline it was given is
+hung and its link closed, and a link's failure becomes the
+:class:`~proxy.core.Failed` code the route says the client is told.
+
+Boundaries: it merges nothing and applies no effect; what it learns on the
+way (a Fetch's watermarks) it returns. The request's owner
+(:class:`proxy.forwarder.Forwarder`) decides what happens next.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+
+import trio
+
+from backends.cluster import Cluster
+from backends.link import LinkError, Pending
+from backends.links import Lane, LinkPool
+from backends.sasl import AuthenticationFailed
+
+from . import metrics
+from .core import ANY_BROKER, BrokerAnswer, Destination, Failed, FetchForward, Forward, Response
+from .core.fetch import FetchWait
+from .fetches import Fetches
+from .gather import FETCH_GRACE, Gathered, Handles, gather, gather_fetch
+from .kafka import errors
+
+log = logging.getLogger("kfan.connection")
+
+
+class Dispatcher:
+    """One client connection's sub-requests to the brokers, and the brokers' answers."""
+
+    def __init__(
+        self,
+        cluster: Cluster,
+        links: LinkPool,
+        fetches: Fetches,
+        *,
+        request_timeout: float,
+        max_hold: float,
+        client: int,
+        client_identity: bool = False,
+    ) -> None:
+        """``client_identity``: the links log in as the client, so a refused login is the client's (error 58), not a broker failure."""
+        self.cluster = cluster
+        self.links = links
+        self.fetches = fetches
+        self.request_timeout = request_timeout  # beyond the time the request itself allows the broker
+        self.max_hold = max_hold
+        self.client = client  # the connection's id, for the log
+        self.client_identity = client_identity
+
+    def broker_wait(self, plan: Forward) -> float:
+        """Seconds the request lets a broker take, by its own fields, capped by ``max_hold``."""
+        return min(plan.broker_wait_ms / 1000, self.max_hold)
+
+    async def submit(self, plan: Forward) -> Handles:
+        """Send every sub-request now, in order; coordinators are resolved first."""
+        out: Handles = {}
+        fresh: list[tuple[Destination, int]] = []  # sub-fetches to send, once there is room for their answers
+        for destination, sub in plan.subs.items():
+            broker = await self.links.resolve(destination)
+            if broker is None:
+                out[destination] = Failed(plan.route.failure.code(written=False))
+                continue
+            if isinstance(broker, Failed):
+                out[destination] = broker
+                continue
+            if isinstance(plan, FetchForward):
+                hung_after = self.request_timeout + self.broker_wait(plan)
+                reused = self.fetches.reuse(broker, plan.keys[destination], hung_after)
+                if reused is not None:
+                    out[destination] = reused
+                else:
+                    fresh.append((destination, broker))
+                continue
+            if destination is ANY_BROKER and self.links.link(broker, Lane.MAIN) is None:
+                broker = self.links.another_broker(broker) or broker  # any broker will do: one kfan is not backing off from
+            link = await self.links.link_when_ready(broker, Lane.MAIN)
+            if link is None:
+                out[destination] = Failed(plan.route.failure.code(written=False))
+                continue
+            out[destination] = link.submit(sub)
+        if isinstance(plan, FetchForward):
+            await self.fetches.send(plan, fresh, out)
+        return out
+
+    def submit_elsewhere(self, plan: Forward, failed: Pending | Failed) -> Handles | None:
+        """Ask another broker what any broker may answer (``failed``: the first one's); None when there is none to ask."""
+        broker = self.links.another_broker(failed.broker if isinstance(failed, Pending) else None)
+        link = None if broker is None else self.links.link(broker, Lane.MAIN)
+        if link is None:
+            return None
+        return {ANY_BROKER: link.submit(plan.subs[ANY_BROKER])}
+
+    async def answers(self, plan: Forward, handles: Handles, submitted_at: float) -> Gathered:
+        """The brokers' answers, the handles they came by (a Fetch may have asked again), and the watermarks learned."""
+        receive = functools.partial(self._receive, plan, submitted_at)
+        now = trio.current_time()
+        if isinstance(plan, FetchForward):
+            # A Fetch is answered as a broker would answer it (see core.fetch.FetchWait).
+            outstanding = {d for d, h in handles.items() if isinstance(h, Pending)}
+            fresh = {d for d in outstanding if handles[d].created_at >= submitted_at}  # type: ignore[union-attr]
+            failed = {d: h for d, h in handles.items() if isinstance(h, Failed)}
+            wait = FetchWait(plan, now, self.broker_wait(plan), FETCH_GRACE, outstanding, fresh, failed)
+            found = await gather_fetch(wait, handles, receive, functools.partial(self.fetches.ask_again, plan))
+            self.fetches.settle(found.handles, found.answers)
+            return found
+        # A request that lets the broker take its time (JoinGroup up to its
+        # rebalance timeout) gets that long on top of ours.
+        answers, late = await gather(handles, receive, now + self.broker_wait(plan) + self.request_timeout)
+        for d in late:
+            # A broker past every deadline it was given is hung (or stalled
+            # mid-answer): close its link, so the next request opens a fresh one.
+            pending = handles[d]
+            if isinstance(pending, Pending):
+                self.links.close(pending.broker, Lane.MAIN)
+            answers[d] = Failed(errors.REQUEST_TIMED_OUT)
+        return Gathered(answers, handles, {})
+
+    async def _receive(self, plan: Forward, submitted_at: float, destination: Destination, pending: Pending) -> BrokerAnswer:
+        """One broker's answer; a link's failure as the code the client is told."""
+        try:
+            payload = await pending.wait()
+        except LinkError as e:
+            log.info("client %s: %s", self.client, e)
+            if destination is ANY_BROKER:
+                self.links.default_failed(pending.broker)
+            if self.client_identity and isinstance(e, AuthenticationFailed):
+                return Failed(errors.SASL_AUTHENTICATION_FAILED)
+            self.cluster.request_refresh()
+            return Failed(plan.route.failure.code(pending.written))
+        if pending.done_at is not None and pending.created_at >= submitted_at:
+            latency = pending.done_at - pending.created_at
+            metrics.BROKER_LATENCY.labels(str(pending.broker), str(plan.header.api_key)).observe(latency)
+        return Response(payload)

@@ -1,0 +1,96 @@
+"""Answers in request order, and the bound on requests between read and answer (trio).
+
+Kafka clients expect a connection's responses in the order they sent the
+requests, whatever order the brokers answer in (Kroxylicious'
+``ResponseOrderer``). :class:`ResponseOrderer` keeps one
+:class:`ResponseSlot` per request read, in reading order, and hands the
+writer each slot once it is answered and every slot before it was handed out.
+It also bounds the requests in flight: the reader takes a place before it
+reads a request, so at most ``max_inflight`` are read and not yet answered.
+
+Boundaries: no I/O and no protocol knowledge. It never writes to the client
+(the connection does) and never looks inside a slot's bytes; a slot holding
+no bytes (Produce acks=0) keeps its place and is written as nothing.
+"""
+
+from __future__ import annotations
+
+from types import TracebackType
+
+import trio
+
+from . import metrics
+from .core.topology import Topology
+from .kafka.wire import Parts
+
+
+class ResponseSlot:
+    """A place in the response order: what the writer writes there, and what ends the connection there."""
+
+    __slots__ = ("done", "parts", "close", "close_after", "size", "started", "api_key", "captured")
+
+    def __init__(self, size: int, api_key: int) -> None:
+        self.done = trio.Event()
+        self.parts: Parts | None = None
+        self.close: str | None = None  # end the connection here, for this reason
+        self.close_after: str | None = None  # end it once this response is written (a failed login)
+        self.size = size  # bytes held for it: the request's cost, then its response's too
+        self.started = trio.current_time()
+        self.api_key = api_key
+        # When sampled: wall-clock ns at read, the request, and the topology its plan used
+        # (not the one current when it is answered: a refresh in between may have moved leaders).
+        self.captured: tuple[int, bytes, Topology] | None = None
+
+
+class ResponseOrderer:
+    """One connection's slots in request order, at most ``max_inflight`` of them.
+
+    The reader's side is an async context manager: leaving it says no slot
+    follows, and :meth:`next_answered` returns None once the last one is out.
+    """
+
+    def __init__(self, max_inflight: int) -> None:
+        # One token per request between its read and its response's write:
+        # the reader takes one before reading the next request.
+        self._capacity = trio.Semaphore(max_inflight)
+        self._holding = False  # the reader holds a token for the next request
+        # Never full: the tokens keep at most max_inflight slots in it.
+        self._send, self._receive = trio.open_memory_channel[ResponseSlot](max_inflight)
+        self.inflight = 0  # slots placed and not yet handed to the writer
+
+    async def __aenter__(self) -> ResponseOrderer:
+        return self
+
+    async def __aexit__(self, kind: type[BaseException] | None, error: BaseException | None, tb: TracebackType | None) -> None:
+        await self._send.aclose()
+
+    async def make_room(self) -> None:
+        """Until there is room for one more request in flight (kept for the next :meth:`place`)."""
+        if not self._holding:
+            await self._capacity.acquire()
+            self._holding = True
+
+    async def place(self, slot: ResponseSlot) -> None:
+        """Give ``slot`` the next place in the order; it takes the room :meth:`make_room` kept."""
+        assert self._holding, "a slot placed without room for it"
+        metrics.INFLIGHT.inc()
+        self.inflight += 1
+        await self._send.send(slot)
+        self._holding = False  # the slot has the token now; the writer gives it back
+
+    async def next_answered(self) -> ResponseSlot | None:
+        """The next slot in request order, once it is answered; None when the reader is done and every slot is out."""
+        try:
+            slot = await self._receive.receive()
+        except trio.EndOfChannel:
+            return None
+        await slot.done.wait()
+        metrics.INFLIGHT.dec()
+        self.inflight -= 1
+        self._capacity.release()
+        return slot
+
+    def abandon(self) -> None:
+        """The connection ended: the slots still placed will never be written."""
+        metrics.INFLIGHT.dec(self.inflight)
+        self.inflight = 0

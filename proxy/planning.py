@@ -1,0 +1,108 @@
+"""A client request planned with what its plan needs learned first (trio).
+
+:meth:`Planner.plan` runs the pure core (:func:`proxy.core.plan_request`)
+with this connection's :class:`~proxy.core.Context`. A plan naming topics the
+topology does not know waits for one refresh (topics created since the last
+one: a broker would know them) and is planned again; a batch naming groups
+or transactions kfan has not seen waits for one bulk coordinator lookup.
+It waits in the connection's reader on purpose: later requests wait with
+it, so each broker gets this client's requests in the client's order.
+
+Boundaries: it decides nothing about the request (the core does). A request
+kfan cannot plan raises :class:`Unanswerable`, which ends the connection, as
+a broker closes on a request it cannot read.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+
+import trio
+
+from backends.cluster import Cluster
+from backends.links import LinkPool
+
+from .core import Context, Forward, Identity, LocalReply, NeedCoordinators, Plan, Unsupported, plan_request
+from .fetches import Fetches
+from .kafka.headers import peek_request
+from .kafka.wire import Malformed
+
+log = logging.getLogger("kfan.connection")
+
+
+class Unanswerable(Exception):
+    """This request ends its connection (``reason``: why, for the metrics; it was logged where raised)."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+class Planner:
+    """Plans one client connection's requests, from its context (its watermarks, its coordinator view)."""
+
+    def __init__(
+        self,
+        cluster: Cluster,
+        links: LinkPool,
+        identity: Identity,
+        fetches: Fetches,
+        client: int,
+        validate_records: bool = True,
+        fetch_ahead_bytes: int = 0,
+        client_identity: bool = False,
+    ) -> None:
+        self.cluster = cluster
+        self.links = links
+        self.identity = identity
+        self.fetches = fetches
+        self.client = client  # the connection's id, for the log
+        self.validate_records = validate_records
+        self.fetch_ahead_bytes = fetch_ahead_bytes
+        self.client_identity = client_identity
+
+    async def plan(self, payload: bytes | memoryview) -> tuple[Context, LocalReply | Forward]:
+        """Plan one request (the context it was planned with too); raises :class:`Unanswerable`."""
+        try:
+            return await self._plan(payload)
+        except (Malformed, Unsupported) as e:
+            key, version, cid = peek_request(payload)
+            log.warning("client %s: closing on request api_key=%s v%s correlation_id=%s: %s", self.client, key, version, cid, e)
+            raise Unanswerable("malformed" if isinstance(e, Malformed) else "unsupported") from e
+        except Exception as e:
+            key, version, cid = peek_request(payload)
+            log.error(
+                "client %s: unexpected error planning api_key=%s v%s correlation_id=%s", self.client, key, version, cid, exc_info=True
+            )
+            raise Unanswerable("internal_error") from e
+
+    async def _plan(self, payload: bytes | memoryview) -> tuple[Context, LocalReply | Forward]:
+        plan: Plan = plan_request(ctx := self._context(), payload)
+        if isinstance(plan, LocalReply | Forward) and plan.unknown_topics:
+            # Topics created since the last refresh: a broker would know them.
+            await self.cluster.refresh(timeout=2.0)
+            plan = plan_request(ctx := self._context(), payload)
+        if isinstance(plan, NeedCoordinators):
+            # A batch naming groups or transactions kfan has not seen: one bulk lookup, then plan by broker.
+            await self.links.coordinators.find(plan.coordinators)
+            plan = plan_request(ctx := self._context(coordinators_looked_up=True), payload)
+        assert not isinstance(plan, NeedCoordinators)
+        return ctx, plan
+
+    def _context(self, coordinators_looked_up: bool = False) -> Context:
+        cluster = self.cluster
+        return Context(
+            self.identity,
+            cluster.topology,
+            cluster.api_versions,
+            self.links.coordinators.known,  # kfan's shared view, or this connection's own (its client's identity)
+            coordinators_looked_up,
+            self.fetches.watermarks,
+            self.validate_records,
+            self.fetch_ahead_bytes,
+            cluster.rack,
+            # One clock reading per request, not one per partition it names.
+            functools.partial(cluster.read_replicas.get, now=trio.current_time()),
+            self.client_identity,
+        )
