@@ -303,8 +303,10 @@ def main(argv: list[str] | None = None, core: Core | None = None) -> int:
 
 def _submitted_conf() -> dict[str, str]:
     """Under spark-submit: the settings it was given (its master, --archives), read before the session starts."""
-    from pyspark import SparkConf
+    from pyspark import SparkConf, SparkContext
 
+    # Without spark-submit's JVM a SparkConf is empty: connect to it first (the session reuses the connection).
+    SparkContext._ensure_initialized()
     return dict(SparkConf().getAll())
 
 
