@@ -317,9 +317,9 @@ def explain(failed: list[dict[str, Any]], shipment: Shipment) -> str:
             f"{', '.join(map(str, theirs))}"
         )
         lines.append(
-            f"  fix: point PYSPARK_PYTHON at a Python {sys.version_info.major}.{sys.version_info.minor} on the workers, or build an "
-            "archive for theirs (pip install --target DIR --python-version X.Y --only-binary=:all: kfan; tar -czf kfan.tar.gz -C DIR .) "
-            "and give it with --spark-archive"
+            f"  fix: point PYSPARK_PYTHON at a Python {sys.version_info.major}.{sys.version_info.minor} on the workers (Spark wants the "
+            "driver's minor version too), or, for workers on another platform, build an archive for theirs (pip install --target DIR "
+            "--platform PLATFORM --only-binary=:all: kfan; tar -czf kfan.tar.gz -C DIR .) and give it with --spark-archive"
         )
     elif shipment.mode == "prebuilt":
         lines.append(

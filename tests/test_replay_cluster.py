@@ -332,9 +332,7 @@ def test_what_the_executors_miss_is_named_with_the_fix() -> None:
     shipped = ship.Shipment("auto", {"spark.archives": "/c/k.tar.gz#kfan_env"}, "kfan (proxy, spark), crc32c 2.9", ("crc32c/_crc32c.so",))
     other = {**probe, "version": "3.12.1", "soabi": "cpython-312-x86_64-linux-gnu", "errors": {"spark.checks": "ImportError: crc32c"}}
     told = ship.explain([other], shipped)
-    assert (
-        "crc32c/_crc32c.so" in told and "cpython-312-x86_64-linux-gnu" in told and "PYSPARK_PYTHON" in told and "--python-version" in told
-    )
+    assert "crc32c/_crc32c.so" in told and "cpython-312-x86_64-linux-gnu" in told and "PYSPARK_PYTHON" in told and "--platform" in told
     assert "spark.archives=/c/k.tar.gz#kfan_env" in told
     failure = (
         "An error occurred while calling o42.collectAndServe.\n: org.apache.spark.SparkException: Job aborted due to stage failure: ...\n"
