@@ -39,7 +39,7 @@ from proxy.capture import CaptureRow, read_rows
 from spark import ship
 from tests.support.apt import ensure_command
 from tests.support.kfan import start_kfan
-from tests.support.processes import follow_output, free_port, stop_process
+from tests.support.processes import follow_output, stop_process
 from tests.support.waiting import wait_for, wait_for_line
 
 KFAN = str(Path(sys.executable).parent / "kfan")
@@ -145,22 +145,20 @@ def spark_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SparkClu
         SPARK_LOG_DIR=str(base),
         JAVA_TOOL_OPTIONS=QUICK_JVM,
     )
-    port = free_port()
+    # Port 0 everywhere, the master's read back from its log: no port chosen here can be taken meanwhile.
     master = _spark_class(
-        "org.apache.spark.deploy.master.Master",
-        *("--host", "127.0.0.1", "--port", str(port), "--webui-port", str(free_port())),
-        cwd=base,
-        env=env,
+        "org.apache.spark.deploy.master.Master", "--host", "127.0.0.1", "--port", "0", "--webui-port", "0", cwd=base, env=env
     )
-    master_log, alive = follow_output(master, r"New state: ALIVE", START_TIMEOUT_S)
-    url = f"spark://127.0.0.1:{port}"
+    master_log, started = follow_output(master, r"Starting Spark master at (spark://\S+)", START_TIMEOUT_S)
     worker = None
     try:
-        assert alive is not None, "the Spark master did not start:\n" + "".join(master_log[-40:])
+        assert started is not None, "the Spark master did not start:\n" + "".join(master_log[-40:])
+        url = started.group(1)
+        wait_for_line(master_log, r"New state: ALIVE", START_TIMEOUT_S)
         worker = _spark_class(
             "org.apache.spark.deploy.worker.Worker",
             url,
-            *("--host", "127.0.0.1", "--webui-port", str(free_port()), "--cores", "1", "--memory", "512m"),
+            *("--host", "127.0.0.1", "--webui-port", "0", "--cores", "1", "--memory", "512m"),
             *("--work-dir", str(base / "work")),
             cwd=base,
             env=env,
