@@ -78,6 +78,12 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("capture", metavar="DIR", help="capture directory (kfan serve --capture, or kfan capture import)")
     r.add_argument("--report", metavar="OUT", help="run the Spark job in local mode; writes OUT.json and OUT.html")
     r.add_argument("--master", default=None, help="Spark master for --report (default local[*])")
+    r.add_argument(
+        "--spark-archive",
+        metavar="auto|none|ARCHIVE",
+        help="with --master spark://...: what the executors get: auto (default, or $KFAN_SPARK_ARCHIVE) ships kfan and its "
+        "dependencies, none ships nothing (kfan installed on the workers), ARCHIVE a prebuilt archive's path or URL",
+    )
     r.add_argument("--target", type=parse_address, metavar="HOST:PORT", help="send the recorded requests to this kfan and compare answers")
     r.add_argument(
         "--apis",
@@ -122,6 +128,7 @@ def _replay(args: argparse.Namespace) -> int:
 
         argv = [args.capture, "--report", args.report]
         argv += ["--master", args.master] if args.master else []
+        argv += ["--spark-archive", args.spark_archive] if args.spark_archive else []
         status = spark_replay(argv)
     if args.target:
         from .capture.live_replay import run

@@ -11,11 +11,12 @@ Local mode (what `kfan replay DIR --report OUT` runs):
 
     python spark/replay.py CAPTURE_DIR --report OUT
 
-On a cluster (executors need kfan's dependencies: pip install kfan there, or
-ship them with --py-files / a packed environment):
+On a cluster, ``--master spark://HOST:7077`` (or spark-submit's): kfan and the
+dependencies the executors import are shipped to them with ``spark.archives``
+(:mod:`spark.ship`; ``--spark-archive`` overrides), and a probe job checks
+that the executors import them before the replay starts:
 
-    zip -r kfan.zip proxy backends spark
-    spark-submit --master spark://HOST:7077 --py-files kfan.zip spark/replay.py s3a://bucket/captures --report /tmp/replay
+    kfan replay s3a://bucket/captures --report /tmp/replay --master spark://HOST:7077
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from spark.checks import Core
+    from spark.ship import Shipment
 
 EXAMPLES = 3
 PEER_EXAMPLES = 20  # corrupt batches from clients or brokers listed in the report
@@ -61,24 +63,37 @@ def _check_rows(rows: Iterable[Any], core: Core) -> Iterator[tuple[Any, ...]]:
         )
 
 
-def run(capture: str, report: Path, master: str | None = None, core: Core | None = None) -> dict[str, Any]:
+def run(
+    capture: str, report: Path, master: str | None = None, core: Core | None = None, shipment: Shipment | None = None
+) -> dict[str, Any]:
     """Check every exchange of ``capture`` with ``core`` (default: kfan's, :data:`spark.checks.DEFAULT_CORE`);
-    write REPORT.json and REPORT.html; return the summary."""
+    write REPORT.json and REPORT.html; return the summary.
+
+    ``shipment``: kfan for the executors of a cluster (:func:`spark.ship.prepare`), checked
+    with a probe job before the replay; raises :class:`spark.ship.ShippingError` when they
+    cannot import it."""
     from pyspark.sql import SparkSession
     from pyspark.sql import functions as F
     from pyspark.sql.types import BooleanType, DoubleType, IntegerType, StringType, StructField, StructType
     from pyspark.sql.window import Window
 
     from spark.checks import DEFAULT_CORE
+    from spark.ship import EXECUTOR_MODULES, check_executors
 
     builder = (
         SparkSession.builder.appName("kfan-replay").config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
     )
     if master:
         builder = builder.master(master)
+    for key, value in (shipment.conf if shipment else {}).items():
+        builder = builder.config(key, value)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
+    core = core or DEFAULT_CORE
     try:
+        if shipment is not None:
+            # The core's own module too: a core defined outside kfan's packages is not shipped.
+            check_executors(spark.sparkContext, shipment, [*EXECUTOR_MODULES, core.replan.__module__])
         # Complete files only: the one still being written is *.parquet.inprogress.
         if "://" in capture:
             exchanges = spark.read.parquet(capture.rstrip("/") + "/*.parquet")
@@ -100,7 +115,7 @@ def run(capture: str, report: Path, master: str | None = None, core: Core | None
                 StructField("peer_findings", StringType()),
             ]
         )
-        results = spark.createDataFrame(exchanges.rdd.mapPartitions(partial(_check_rows, core=core or DEFAULT_CORE)), schema).cache()
+        results = spark.createDataFrame(exchanges.rdd.mapPartitions(partial(_check_rows, core=core)), schema).cache()
         per_api = (
             results.groupBy("api_key", "api_version")
             .agg(
@@ -234,6 +249,13 @@ def main(argv: list[str] | None = None, core: Core | None = None) -> int:
     parser.add_argument("capture", help="capture directory (local path or any URL Spark reads)")
     parser.add_argument("--report", required=True, type=Path, help="writes REPORT.json and REPORT.html")
     parser.add_argument("--master", default=None, help="Spark master (default: spark-submit's, or local[*])")
+    parser.add_argument(
+        "--spark-archive",
+        default=os.environ.get("KFAN_SPARK_ARCHIVE") or "auto",
+        metavar="auto|none|ARCHIVE",
+        help="what a cluster's executors get (not local mode): auto builds an archive of kfan and its dependencies, "
+        "none ships nothing (kfan installed on the workers), or a prebuilt archive's path or URL (default $KFAN_SPARK_ARCHIVE, else auto)",
+    )
     args = parser.parse_args(argv)
     if not os.environ.get("JAVA_HOME") and shutil.which("java") is None:
         print(
@@ -257,7 +279,15 @@ def main(argv: list[str] | None = None, core: Core | None = None) -> int:
     root = str(Path(__file__).resolve().parent.parent)
     os.environ["PYTHONPATH"] = root + os.pathsep + os.environ.get("PYTHONPATH", "")
     sys.path.insert(0, root)
-    summary = run(args.capture, args.report, master, core)
+    from spark.ship import ShippingError, is_local, prepare
+
+    try:
+        submitted = {} if master else _submitted_conf()
+        shipment = None if is_local(master or submitted.get("spark.master", "local")) else prepare(args.spark_archive, submitted)
+        summary = run(args.capture, args.report, master, core, shipment)
+    except ShippingError as e:
+        print(f"kfan replay: {e}", file=sys.stderr)
+        return 2
     print(f"kfan replay: {summary['exchanges']} exchanges, {summary['regressions']} regressed; report {args.report}.html")
     for a in summary["apis"]:
         for e in a["examples"]:
@@ -269,6 +299,15 @@ def main(argv: list[str] | None = None, core: Core | None = None) -> int:
             for check, detail in e["findings"]:
                 print(f"  {check}: {detail} ({e['conn_id']}#{e['correlation_id']})")
     return 1 if summary["regressions"] else 0
+
+
+def _submitted_conf() -> dict[str, str]:
+    """Under spark-submit: the settings it was given (its master, --archives), read before the session starts."""
+    from pyspark import SparkConf, SparkContext
+
+    # Without spark-submit's JVM a SparkConf is empty: connect to it first (the session reuses the connection).
+    SparkContext._ensure_initialized()
+    return dict(SparkConf().getAll())
 
 
 if __name__ == "__main__":
