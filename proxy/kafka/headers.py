@@ -14,9 +14,9 @@ import struct
 from dataclasses import dataclass
 
 from . import schema
+from .apis import API_VERSIONS
 from .wire import Malformed, Reader, Writer
 
-API_VERSIONS = 18
 _CID = struct.Struct(">i")
 _KEY_VERSION = struct.Struct(">hh")
 
