@@ -419,18 +419,15 @@ def weigh(hdr: RequestHeader, answer: BrokerAnswer) -> tuple[int, bool]:
     return total, False
 
 
-def _enough(weights: Iterable[tuple[int, bool]], min_bytes: int) -> bool:
+def enough(weights: Iterable[tuple[int, bool]], min_bytes: int) -> bool:
+    """Would a broker answer a Fetch with these answers in (each weighed by :func:`weigh`):
+    ``min_bytes`` of records, or an error to report?"""
     total = 0
     for n, error in weights:
         if error:
             return True
         total += n
     return total >= max(min_bytes, 1)
-
-
-def satisfied(hdr: RequestHeader, answers: Answers, min_bytes: int) -> bool:
-    """Would a broker answer this Fetch now: ``min_bytes`` of records in, or an error to report?"""
-    return _enough((weigh(hdr, a) for a in answers.values()), min_bytes)
 
 
 # --- when a Fetch is answered -------------------------------------------------------------
@@ -480,7 +477,7 @@ class FetchWait:
         """Take one broker's answer; an :class:`AskAgain` when it should be asked again instead."""
         self.outstanding.discard(destination)
         weight = weigh(self.plan.header, answer)
-        if destination not in self.fresh and now < self.soft and not _enough([weight], 1):
+        if destination not in self.fresh and now < self.soft and not enough([weight], 1):
             return AskAgain(destination, answer_watermarks(self.plan, answer))
         self.answers[destination] = answer
         self._weights[destination] = weight
@@ -499,7 +496,7 @@ class FetchWait:
         """When to look again if no answer comes; None: answer the client now."""
         if not self.outstanding or now >= self.hard:
             return None
-        if self.answers and _enough(self._weights.values(), self.plan.min_bytes):
+        if self.answers and enough(self._weights.values(), self.plan.min_bytes):
             # Answered early only if every partition still out has watermarks
             # to report (see _finish); at first, wait for all.
             known = self.plan.ctx.watermarks.keys()

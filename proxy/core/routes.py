@@ -137,22 +137,6 @@ _ROWS = (
 # fmt: on
 ROUTES: dict[int, Route] = {r.api: r for r in _ROWS}
 
-# The README's names for the planners' policies.
-_POLICIES = {
-    local.plan: "local",
-    leader.plan: "leader",
-    produce.plan: "leader",
-    fetch.plan: "leader",
-    coordinator.plan: "coordinator",
-    broadcast.plan: "every broker",
-    any_broker.plan: "any",
-}
-
-
-def policy(route: Route) -> str:
-    """The routing policy's name, as the README's API table gives it."""
-    return _POLICIES[route.plan]
-
 
 def advertised_versions(broker_versions: list[Mapping[int, tuple[int, int]]]) -> dict[int, tuple[int, int]]:
     """What kfan implements, intersected with what every backend broker supports."""

@@ -110,10 +110,6 @@ def correlation_id_of(payload: bytes | memoryview) -> int:
     return _CID.unpack_from(payload, 0)[0]
 
 
-def pack_correlation_id(correlation_id: int) -> bytes:
-    return _CID.pack(correlation_id)
-
-
 def request_head(api_key: int, api_version: int) -> bytes:
     """A request header's first 4 bytes, before the correlation id: api_key, api_version."""
     return _KEY_VERSION.pack(api_key, api_version)
