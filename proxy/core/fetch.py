@@ -71,7 +71,7 @@ FAILURE = BrokerFailure(written=errors.NOT_LEADER_OR_FOLLOWER, unwritten=errors.
 _WATERMARKS = ("high_watermark", "last_stable_offset", "log_start_offset")
 
 
-def plan(route: Route, ctx: Context, hdr: RequestHeader, payload: memoryview, request: Struct) -> Plan:
+def plan(route: Route[FetchForward], ctx: Context, hdr: RequestHeader, payload: memoryview, request: Struct) -> Plan:
     if request.get("session_id", 0) != 0 and request.get("session_epoch", -1) > 0:
         # We never hand out fetch sessions, so an incremental fetch names a session we do not know.
         return LocalReply(hdr, True, _session_error(hdr))
@@ -154,14 +154,14 @@ def fetch_key(version: int, sub: Struct, layout: Layout) -> Hashable:
     return version, rest, partitions
 
 
-def merge(plan: FetchForward, answers: Answers) -> Reply:  # type: ignore[override]
-    rerouted: set[Destination] = set()
+def merge(plan: FetchForward, answers: Answers) -> Reply:
+    rerouted: set[int] = set()
 
     def read_replicas(body: Struct, decoded: Decoded, reply: Reply) -> None:
         rerouted.update(_follow_read_replicas(plan, body, decoded, reply))
 
     body, reply, decoded = leader.merge_partitions(plan, answers, read_replicas)
-    found: leader.LeaderSplit = plan.state
+    found = plan.state
     waiting = {tp for tp, d in found.leader_of.items() if d in decoded.waiting}
     seen = _finish(body, found.request, found.response_layout, decoded.bodies, waiting, plan.ctx.watermarks)
     if seen:
@@ -174,7 +174,7 @@ def merge(plan: FetchForward, answers: Answers) -> Reply:  # type: ignore[overri
     return reply
 
 
-def _follow_read_replicas(plan: FetchForward, body: Struct, decoded: Decoded, reply: Reply) -> set[Destination]:
+def _follow_read_replicas(plan: FetchForward, body: Struct, decoded: Decoded, reply: Reply) -> set[int]:
     """Follow the preferred read replicas leaders named (KIP-392), before the client's answer hides them.
 
     - A leader naming a replica kfan can read from: remember it (the partition's
@@ -190,7 +190,7 @@ def _follow_read_replicas(plan: FetchForward, body: Struct, decoded: Decoded, re
     Also counts the bytes of records each broker sent, by locality. Returns
     the destinations whose partitions now go elsewhere (no fetching ahead to them).
     """
-    found: leader.LeaderSplit = plan.state
+    found = plan.state
     ctx = plan.ctx
     topology = ctx.topology
     layout = found.response_layout
@@ -203,7 +203,7 @@ def _follow_read_replicas(plan: FetchForward, body: Struct, decoded: Decoded, re
         return set()  # before v11 a leader names no replica
     learned: dict[ReadReplicaKey, int] = {}
     forget = set(plan.unusable_replicas)
-    rerouted: set[Destination] = set()
+    rerouted: set[int] = set()
     for t in body[layout.topics]:
         key = t[layout.topic_key]
         name = leader.topic_name(topology, key)
@@ -245,6 +245,12 @@ def _no_data_yet(layout: Layout, index: int, watermarks: Watermarks | None) -> S
     return entry
 
 
+def _reported(p: Struct) -> Watermarks:
+    """The watermarks a partition entry says (-1 for those its version lacks)."""
+    high, stable, start = (p.get(name, -1) for name in _WATERMARKS)
+    return high, stable, start
+
+
 def _report(p: Struct, watermarks: Watermarks) -> None:
     """A partition entry says these watermarks (those its version has)."""
     for name, value in zip(_WATERMARKS, watermarks, strict=True):
@@ -260,7 +266,7 @@ def locality(topology: Topology, rack: str, broker: int) -> str:
     return "same-rack" if b.rack == rack else "cross-rack"
 
 
-def _fetch_ahead(plan: FetchForward, body: Struct, rerouted: set[Destination]) -> dict[int, tuple[SubRequest, Hashable]]:
+def _fetch_ahead(plan: FetchForward, body: Struct, rerouted: set[int]) -> dict[int, tuple[SubRequest, Hashable]]:
     """The sub-fetches the client's next Fetch will ask, for the brokers that just returned records.
 
     A consumer asks next from the offset after the last whole batch it got
@@ -271,12 +277,12 @@ def _fetch_ahead(plan: FetchForward, body: Struct, rerouted: set[Destination]) -
     of the sub-fetch the client's Fetch will make, and used only if that Fetch
     asks exactly this (:class:`InflightFetches`).
     """
-    found: leader.LeaderSplit = plan.state
+    found = plan.state
     hdr = plan.header
     if "max_bytes" not in found.request:
         return {}  # before v3 a Fetch has no budget of its own to bound what comes ahead
     answered = {(key, found.response_layout.partition_index(p)): p for key, p in found.response_layout.entries(body)}
-    brokers = [d for d in found.by_leader if isinstance(d, int) and d not in rerouted]
+    brokers = [d for d in found.by_leader if d not in rerouted]
     share = plan.ctx.fetch_ahead_bytes // max(1, len(brokers))
     request_layout = found.request_layout
     out: dict[int, tuple[SubRequest, Hashable]] = {}
@@ -334,7 +340,7 @@ def records_end(records: bytes | memoryview | None) -> int | None:
 def _watermarks_of(answer: Struct, layout: Layout) -> dict[TopicPartition, Watermarks]:
     """The watermarks of every error-free partition of a decoded Fetch answer."""
     return {
-        (t[layout.topic_key], p["partition_index"]): tuple(p.get(m, -1) for m in _WATERMARKS)  # type: ignore[misc]
+        (t[layout.topic_key], p["partition_index"]): _reported(p)
         for t in answer[layout.topics]
         for p in t[layout.partitions]
         if p["error_code"] == 0
@@ -345,7 +351,7 @@ def answer_watermarks(plan: FetchForward, answer: BrokerAnswer) -> dict[TopicPar
     """The watermarks a broker's Fetch answer carries (none when it failed)."""
     if not isinstance(answer, Response):
         return {}
-    found: leader.LeaderSplit = plan.state
+    found = plan.state
     try:
         return _watermarks_of(decode_answer(plan.header, answer.payload), found.response_layout)
     except Malformed:
@@ -515,7 +521,7 @@ def answer_ceilings(plan: FetchForward) -> dict[Destination, int]:
     """The most each sub-fetch's answer holds: its ``max_bytes``, or the sum of its partitions'
     ``partition_max_bytes`` when less (before v3, only that sum). A broker may pass it by one
     batch (KIP-74): the answer, once in, is counted as it is."""
-    found: leader.LeaderSplit = plan.state
+    found = plan.state
     layout = found.request_layout
     limit = found.request.get("max_bytes")
     out: dict[Destination, int] = {}

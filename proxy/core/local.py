@@ -9,6 +9,7 @@ UNSUPPORTED_VERSION, as a broker answers.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Any
 
 from ..kafka import apis, errors
 from ..kafka.headers import RequestHeader
@@ -27,8 +28,8 @@ def api_versions_body(api_versions: Mapping[int, tuple[int, int]], version: int,
     return encode_body(spec, body)
 
 
-def plan(route: Route, ctx: Context, hdr: RequestHeader, payload: memoryview, request: Struct | None) -> Plan:
-    """``request`` is None: an ApiVersions kfan cannot decode still gets an answer."""
+def plan(route: Route[Any], ctx: Context, hdr: RequestHeader, payload: memoryview, request: Struct) -> Plan:
+    """Answered from the header alone (``request`` is not decoded): an ApiVersions kfan cannot decode still gets an answer."""
     served = ctx.api_versions.get(hdr.api_key)
     if not hdr.known or served is None or not served[0] <= hdr.api_version <= served[1]:
         return LocalReply(hdr, True, api_versions_body(ctx.api_versions, 0, errors.UNSUPPORTED_VERSION))

@@ -31,7 +31,7 @@ from .plan import Answers, Forward, Reply
 UNREACHABLE = "(unreachable broker)"
 
 
-def merge(plan: Forward, answers: Answers) -> Reply:
+def merge(plan: Forward[list[int]], answers: Answers) -> Reply:
     hdr = plan.header
     array = plan.route.broadcast_array
     assert array is not None

@@ -13,6 +13,7 @@ once with the brokers' answers (:class:`~.plan.Forward`).
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Any
 
 from ..kafka import schema
 from ..kafka.apis import (
@@ -77,12 +78,12 @@ def _fields(request: tuple[str, str, str | None], response: tuple[str, str, str 
 
 
 # fmt: off
-_ROWS = (
+_ROWS: tuple[Route[Any], ...] = (
     # local: answered by kfan
     Route(API_VERSIONS, local.plan, None, read_only=True),
     # leader: split by partition leader, merged in client order
     Route(PRODUCE, produce.plan, leader.merge, read_only=False, layout=_fields(("topic_data", "partition_data", "index"), ("responses", "partition_responses", "index")), failure=produce.FAILURE),
-    Route(FETCH, fetch.plan, fetch.merge, read_only=True, layout=_fields(("topics", "partitions", "partition"), ("responses", "partitions", "partition_index")), failure=fetch.FAILURE),  # type: ignore[arg-type]
+    Route(FETCH, fetch.plan, fetch.merge, read_only=True, layout=_fields(("topics", "partitions", "partition"), ("responses", "partitions", "partition_index")), failure=fetch.FAILURE),
     Route(LIST_OFFSETS, leader.plan, leader.merge, read_only=True, layout=_fields(("topics", "partitions", "partition_index"), ("topics", "partitions", "partition_index"))),
     Route(OFFSET_FOR_LEADER_EPOCH, leader.plan, leader.merge, read_only=True, layout=_fields(("topics", "partitions", "partition"), ("topics", "partitions", "partition"))),
     Route(DELETE_RECORDS, leader.plan, leader.merge, read_only=False, layout=_fields(("topics", "partitions", "partition_index"), ("topics", "partitions", "partition_index"))),
@@ -135,7 +136,7 @@ _ROWS = (
     Route(DESCRIBE_USER_SCRAM_CREDENTIALS, any_broker.plan, any_broker.merge, read_only=True),
 )
 # fmt: on
-ROUTES: dict[int, Route] = {r.api: r for r in _ROWS}
+ROUTES: dict[int, Route[Any]] = {r.api: r for r in _ROWS}
 
 
 def advertised_versions(broker_versions: list[Mapping[int, tuple[int, int]]]) -> dict[int, tuple[int, int]]:
@@ -191,7 +192,8 @@ def plan_request(ctx: Context, payload: bytes | memoryview) -> Plan:
     hdr = parse_request_header(payload)
     route = ROUTES.get(hdr.api_key)
     if route is not None and route.merge is None:
-        return route.plan(route, ctx, hdr, payload, None)  # type: ignore[arg-type]
+        # Answered from the header alone, undecoded: an ApiVersions kfan cannot decode still gets an answer.
+        return route.plan(route, ctx, hdr, payload, {})
     served = ctx.api_versions.get(hdr.api_key)
     if route is None or not hdr.known or served is None or not served[0] <= hdr.api_version <= served[1]:
         raise Unsupported(f"api_key {hdr.api_key} version {hdr.api_version} is not served")
