@@ -112,8 +112,10 @@ class Cluster:
         security: BrokerSecurity | None = None,
         rack: str = "",
         read_replica_max_age: float = 300.0,
+        client_logins: bool = False,
     ) -> None:
-        """``rack``: kfan's own (--rack); ``read_replica_max_age``: how long a leader's preferred read replica is followed."""
+        """``rack``: kfan's own (--rack); ``read_replica_max_age``: how long a leader's preferred read replica is followed;
+        ``client_logins``: kfan authenticates its clients, so it advertises the login APIs, which it answers itself."""
         self.bootstrap = bootstrap
         self.rack = rack
         # Process-wide: one leader's answer serves every client of that rack.
@@ -125,8 +127,7 @@ class Cluster:
         self.max_frame_bytes = max_frame_bytes
         self.topology = Topology()
         self.api_versions: dict[int, tuple[int, int]] = {}
-        # APIs kfan answers itself on every connection, whatever the brokers serve (SASL, when clients log in to kfan).
-        self.local_versions: dict[int, tuple[int, int]] = {}
+        self.client_logins = client_logins
         # The coordinator of each group or transaction, as kfan's own identity finds it; connections
         # that carry their client's identity have views of their own on the same bounded cache.
         self.coordinators = Coordinators(CoordinatorCache(), self, lambda: self.topology.brokers, request_timeout=request_timeout)
@@ -272,7 +273,7 @@ class Cluster:
             await trio.sleep(1)
 
     def _versions_changed(self) -> None:
-        self.api_versions = {**advertised_versions(list(self.broker_versions.values())), **self.local_versions}
+        self.api_versions = advertised_versions(list(self.broker_versions.values()), logins=self.client_logins)
 
     def is_ready(self) -> bool:
         """Topology known and at least one broker reachable."""

@@ -22,7 +22,6 @@ from backends.cluster import Cluster
 from . import metrics
 from .budget import MemoryPool
 from .capture import Capture, CaptureConfig
-from .client_auth import SASL_VERSIONS
 from .connection import Connections, Limits, serve_client
 from .core import Identity
 from .prelogin import PreLogin
@@ -189,9 +188,8 @@ async def serve(config: ServerConfig, task_status: trio.TaskStatus[Running] = tr
         security=config.security.broker,
         rack=config.rack,
         read_replica_max_age=config.read_replica_max_age_s,
+        client_logins=config.security.client_auth is not None,
     )
-    if config.security.client_auth is not None:
-        cluster.local_versions = dict(SASL_VERSIONS)
     for line in config.security.summary:
         log.info("security: %s", line)
     if config.rack:

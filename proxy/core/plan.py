@@ -384,6 +384,13 @@ class BrokerFailure:
 
 
 # A route's planner; a local route's ``request`` is not decoded (empty): kfan answers from the header.
+class Login(enum.Enum):
+    """A login API's part in kfan's login exchange with a client (SASL)."""
+
+    HANDSHAKE = "handshake"  # picks the mechanism (and, at v0, whether bare tokens follow)
+    AUTHENTICATE = "authenticate"  # carries the mechanism's tokens
+
+
 Planner = Callable[["Route[Any]", Context, RequestHeader, memoryview, Struct], Plan]
 KeyOf = Callable[[Struct], Coordinator | None]  # the group or transaction a request belongs to; None: any broker
 # An answer's identity rewrite: (kfan, the client's request, the broker's answer, the answer's schema) -> the
@@ -411,3 +418,9 @@ class Route(Generic[P]):
     broadcast_array: str | None = None  # asked of every broker: the answer's array they are concatenated by
     broker_configs: str | None = None  # the answer's array of config resources (BROKER ones name kfan)
     failure: BrokerFailure = BrokerFailure()
+    versions: tuple[int, int] | None = None  # the versions kfan serves, where fewer than its schemas know
+    # When kfan authenticates its clients: may come before the client has logged in (ApiVersions, the login itself).
+    before_login: bool = False
+    # A login API (SASL): answered by the client connection's login exchange (:mod:`proxy.client_auth`), never
+    # planned, and served and advertised only when kfan authenticates its clients.
+    login: Login | None = None

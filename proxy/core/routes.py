@@ -61,6 +61,8 @@ from ..kafka.apis import (
     OFFSET_FETCH,
     OFFSET_FOR_LEADER_EPOCH,
     PRODUCE,
+    SASL_AUTHENTICATE,
+    SASL_HANDSHAKE,
     SYNC_GROUP,
     TXN_OFFSET_COMMIT,
 )
@@ -68,7 +70,7 @@ from ..kafka.headers import parse_request_header
 from ..kafka.schema import Struct, decode_body_costed, request_spec
 from . import any_broker, broadcast, coordinator, fetch, identity, leader, local, log_dirs, produce
 from .coordinator import group_id, transactional_id, transactional_id_if_any, v3_transactional_id
-from .plan import Batch, Context, FieldPath, Forward, KeyType, PartitionFields, Plan, Route, Unsupported
+from .plan import Batch, Context, FieldPath, Forward, KeyType, Login, PartitionFields, Plan, Route, Unsupported
 
 GROUP, TXN = KeyType.GROUP, KeyType.TRANSACTION
 
@@ -80,7 +82,10 @@ def _fields(request: tuple[str, str, str | None], response: tuple[str, str, str 
 # fmt: off
 _ROWS: tuple[Route[Any], ...] = (
     # local: answered by kfan
-    Route(API_VERSIONS, local.plan, None, read_only=True),
+    Route(API_VERSIONS, local.plan, None, read_only=True, before_login=True),
+    # login: when kfan authenticates its clients (SaslHandshake v0: bare SASL tokens follow; v1: SaslAuthenticate)
+    Route(SASL_HANDSHAKE, local.login, None, read_only=False, versions=(0, 1), before_login=True, login=Login.HANDSHAKE),
+    Route(SASL_AUTHENTICATE, local.login, None, read_only=False, versions=(0, 2), before_login=True, login=Login.AUTHENTICATE),
     # leader: split by partition leader, merged in client order
     Route(PRODUCE, produce.plan, leader.merge, read_only=False, layout=_fields(("topic_data", "partition_data", "index"), ("responses", "partition_responses", "index")), failure=produce.FAILURE),
     Route(FETCH, fetch.plan, fetch.merge, read_only=True, layout=_fields(("topics", "partitions", "partition"), ("responses", "partitions", "partition_index")), failure=fetch.FAILURE),
@@ -139,14 +144,28 @@ _ROWS: tuple[Route[Any], ...] = (
 ROUTES: dict[int, Route[Any]] = {r.api: r for r in _ROWS}
 
 
-def advertised_versions(broker_versions: list[Mapping[int, tuple[int, int]]]) -> dict[int, tuple[int, int]]:
-    """What kfan implements, intersected with what every backend broker supports."""
+def served_versions(route: Route[Any]) -> tuple[int, int] | None:
+    """The versions kfan implements of a route's API: those its schemas know, within the row's ``versions``."""
+    known = schema.known_versions(route.api)
+    if known is None:
+        return None
+    lo, hi = known.start, known.stop - 1
+    if route.versions is not None:
+        lo, hi = max(lo, route.versions[0]), min(hi, route.versions[1])
+    return (lo, hi) if lo <= hi else None
+
+
+def advertised_versions(broker_versions: list[Mapping[int, tuple[int, int]]], *, logins: bool = False) -> dict[int, tuple[int, int]]:
+    """What kfan implements, intersected with what every backend broker supports.
+
+    ``logins``: kfan authenticates its clients, so it serves the login APIs too (itself: no broker is asked).
+    """
     out: dict[int, tuple[int, int]] = {}
     for api_key, route in ROUTES.items():
-        known = schema.known_versions(api_key)
-        if known is None:
+        served = served_versions(route)
+        if served is None or (route.login is not None and not logins):
             continue
-        lo, hi = known.start, known.stop - 1
+        lo, hi = served
         if route.merge is not None:  # forwarded: every broker must serve it too
             for versions in broker_versions:
                 if api_key not in versions:

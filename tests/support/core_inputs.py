@@ -68,6 +68,7 @@ def without_topics(topology: Topology, names: Iterable[str]) -> Topology:
 # The README's names for the planners' policies.
 _POLICIES = {
     local.plan: "local",
+    local.login: "local",  # answered by kfan's login exchange (when it authenticates clients)
     leader.plan: "leader",
     produce.plan: "leader",
     fetch.plan: "leader",
