@@ -17,7 +17,7 @@ import enum
 from collections import Counter
 from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Generic, NamedTuple, Self, TypeVar
+from typing import Any, Generic, Literal, NamedTuple, Self, TypeVar
 
 from ..kafka import errors
 from ..kafka.headers import RequestHeader
@@ -384,6 +384,9 @@ class BrokerFailure:
 
 
 # A route's planner; a local route's ``request`` is not decoded (empty): kfan answers from the header.
+Side = Literal["request", "response"]
+
+
 class Login(enum.Enum):
     """A login API's part in kfan's login exchange with a client (SASL)."""
 
@@ -419,6 +422,11 @@ class Route(Generic[P]):
     broker_configs: str | None = None  # the answer's array of config resources (BROKER ones name kfan)
     failure: BrokerFailure = BrokerFailure()
     versions: tuple[int, int] | None = None  # the versions kfan serves, where fewer than its schemas know
+    records: Side | None = None  # the messages that carry record batches (Produce's request, Fetch's answers)
+    # Its answers report partitions' watermarks, which a connection remembers for its next request (Fetch).
+    watermarks: bool = False
+    # A sub-request may be one sent ahead for an earlier request of the same partitions and offsets, reused (Fetch).
+    sent_ahead: bool = False
     # When kfan authenticates its clients: may come before the client has logged in (ApiVersions, the login itself).
     before_login: bool = False
     # A login API (SASL): answered by the client connection's login exchange (:mod:`proxy.client_auth`), never

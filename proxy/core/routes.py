@@ -87,8 +87,8 @@ _ROWS: tuple[Route[Any], ...] = (
     Route(SASL_HANDSHAKE, local.login, None, read_only=False, versions=(0, 1), before_login=True, login=Login.HANDSHAKE),
     Route(SASL_AUTHENTICATE, local.login, None, read_only=False, versions=(0, 2), before_login=True, login=Login.AUTHENTICATE),
     # leader: split by partition leader, merged in client order
-    Route(PRODUCE, produce.plan, leader.merge, read_only=False, layout=_fields(("topic_data", "partition_data", "index"), ("responses", "partition_responses", "index")), failure=produce.FAILURE),
-    Route(FETCH, fetch.plan, fetch.merge, read_only=True, layout=_fields(("topics", "partitions", "partition"), ("responses", "partitions", "partition_index")), failure=fetch.FAILURE),
+    Route(PRODUCE, produce.plan, leader.merge, read_only=False, layout=_fields(("topic_data", "partition_data", "index"), ("responses", "partition_responses", "index")), failure=produce.FAILURE, records="request"),
+    Route(FETCH, fetch.plan, fetch.merge, read_only=True, layout=_fields(("topics", "partitions", "partition"), ("responses", "partitions", "partition_index")), failure=fetch.FAILURE, records="response", watermarks=True, sent_ahead=True),
     Route(LIST_OFFSETS, leader.plan, leader.merge, read_only=True, layout=_fields(("topics", "partitions", "partition_index"), ("topics", "partitions", "partition_index"))),
     Route(OFFSET_FOR_LEADER_EPOCH, leader.plan, leader.merge, read_only=True, layout=_fields(("topics", "partitions", "partition"), ("topics", "partitions", "partition"))),
     Route(DELETE_RECORDS, leader.plan, leader.merge, read_only=False, layout=_fields(("topics", "partitions", "partition_index"), ("topics", "partitions", "partition_index"))),
