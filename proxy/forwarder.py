@@ -2,7 +2,7 @@
 
 :class:`Forwarder` sends a plan's sub-requests over the connection's links
 (:class:`backends.links.LinkPool`), waits for the answers (:mod:`.gather`;
-a Fetch as :class:`proxy.core.fetch.FetchWait` decides), merges them with the
+a Fetch as :class:`proxy.core.fetch_wait.FetchWait` decides), merges them with the
 plan's merge, and applies the reply's effects: the cluster's to the cluster,
 remembered watermarks to this connection. It makes no protocol decision of
 its own; the connection around it reads requests and writes responses in order.
@@ -51,7 +51,7 @@ from .core import (
     Watermarks,
     plan_request,
 )
-from .core.fetch import FetchWait, InflightFetches, answer_ceilings
+from .core.fetch_wait import FetchWait, InflightFetches, answer_ceilings
 from .core.layout import TopicPartition
 from .gather import FETCH_GRACE, gather, gather_fetch
 from .kafka import errors
@@ -273,7 +273,7 @@ class Forwarder:
 
         now = trio.current_time()
         if isinstance(plan, FetchForward):
-            # A Fetch is answered as a broker would answer it (see core.fetch.FetchWait).
+            # A Fetch is answered as a broker would answer it (see core.fetch_wait.FetchWait).
             outstanding = {d for d, h in handles.items() if isinstance(h, Pending)}
             fresh = {d for d in outstanding if handles[d].created_at >= submitted_at}  # type: ignore[union-attr]
             failed = {d: h for d, h in handles.items() if isinstance(h, Failed)}

@@ -22,6 +22,7 @@ from proxy.core import (
     broadcast,
     coordinator,
     fetch,
+    fetch_wait,
     leader,
     local,
     produce,
@@ -54,7 +55,7 @@ def effects_of(reply: Reply, kind: type[E]) -> list[E]:
 
 def satisfied(hdr: RequestHeader, answers: Mapping[Destination, BrokerAnswer], min_bytes: int) -> bool:
     """Would a broker answer this Fetch now: ``min_bytes`` of records in, or an error to report?"""
-    return fetch.enough((fetch.weigh(hdr, a) for a in answers.values()), min_bytes)
+    return fetch_wait.enough((fetch_wait.weigh(hdr, a) for a in answers.values()), min_bytes)
 
 
 def without_topics(topology: Topology, names: Iterable[str]) -> Topology:
