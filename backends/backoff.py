@@ -9,7 +9,8 @@ client connection's, and the control plane's): while it backs off, a link is
 not opened and the request gets the retriable error an unreachable broker
 gives it. When the delay has passed, one attempt goes ahead; the others keep
 failing at once until it ends. A link that becomes ready (connected, and
-logged in where it logs in) resets the backoff (:func:`settle`).
+logged in where it logs in) resets the backoff (:func:`.transport.settle`
+tells the attempt how the link's opening ended).
 
 Only reaching the broker counts: a login the broker refuses is one identity's
 failure (``--broker-identity client``), not the broker's, and changes nothing.
@@ -28,14 +29,11 @@ import math
 import random
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, TypeVar
+from typing import TypeVar
 
 import trio
 
 from proxy import metrics
-
-if TYPE_CHECKING:
-    from .link import Link
 
 RECONNECT_BACKOFF_S = 0.05  # Kafka's reconnect.backoff.ms
 RECONNECT_BACKOFF_MAX_S = 1.0  # Kafka's reconnect.backoff.max.ms
@@ -136,32 +134,6 @@ class ReconnectBackoff:
         state = self._states.get(key)
         if trial and state is not None:
             state.trying = False
-
-
-async def settle(attempt: Attempt, link: Link) -> None:
-    """Tell ``attempt`` how ``link``'s opening ended (a task beside the link's own).
-
-    Ready (connected, and logged in if it logs in) resets the backoff, as
-    Kafka's clients reset it once a connection is ready; failing before that
-    grows it; a login the broker refused changes nothing (it is the
-    credentials' failure, not the broker's).
-    """
-    from .sasl import AuthenticationFailed  # sasl -> link -> this module
-
-    result = "abandoned"
-    try:
-        await link.ready.wait()
-        if link.failed is None:
-            result = "ok"
-            attempt.connected()
-        elif isinstance(link.failed, AuthenticationFailed):
-            result = "login_refused"
-        else:
-            result = "failed"
-            attempt.failed()
-    finally:
-        attempt.abandoned()  # no-op once it has ended; else the link was cancelled (its client left)
-        metrics.BROKER_CONNECTS.labels(str(link.broker_id), result).inc()
 
 
 def backed_off(broker: int) -> None:

@@ -2,10 +2,11 @@
 
 Learns each broker's API versions at start (and so what kfan advertises),
 keeps the :class:`Topology` fresh (periodically, and at once when a request
-hit a leadership error), knows which brokers are reachable, and takes in
-what merges learned (:mod:`proxy.effects` applies their effects). Its own
-requests go over its own links (:mod:`.control`); group and transaction
-coordinators are cached in :mod:`.coordinators`.
+hit a leadership error: when and of whom it asks is :class:`Refresher`'s),
+knows which brokers are reachable (:class:`Brokers`), and takes in
+what merges learned (:mod:`proxy.effects` applies their effects). Its own requests go over its own links
+(:mod:`.control`); group and transaction coordinators are cached in
+:mod:`.coordinators`.
 
 Brokers are not trusted: any answer may fail to decode, name no broker, or
 never come. The control plane then keeps its last good topology, falls back
@@ -93,6 +94,124 @@ class Brokers:
         metrics.BROKER_UP.labels(str(broker)).set(1 if up else 0)
 
 
+class Refresher:
+    """When, and of whom, the control plane asks for Metadata.
+
+    At start, the bootstrap brokers in order, until one answers (:meth:`first`).
+    Then every ``interval``, at once when asked (:meth:`request`; bursts are
+    coalesced) and sooner after a failure (:meth:`run`): the known brokers,
+    reachable ones first and otherwise in random order, then the bootstrap
+    list again, until one answers. An answer naming no broker counts as none:
+    nothing can be routed by it. What an answer means is ``take``'s.
+    """
+
+    def __init__(
+        self,
+        bootstrap: list[tuple[str, int]],
+        control: ControlLinks,
+        brokers: Brokers,
+        interval: float,
+        topology: Callable[[], Topology],
+        take: Callable[[Mapping[str, Any]], None],
+    ) -> None:
+        self.bootstrap = bootstrap
+        self.interval = interval
+        self._control = control
+        self._brokers = brokers
+        self._topology = topology
+        self._take = take
+        self._wake = trio.Event()
+        self._refreshed = trio.Event()
+
+    async def first(self) -> Mapping[str, Any]:
+        """The first bootstrap broker's Metadata that names brokers; :class:`ClusterUnavailable` when none answered so."""
+        tried = []
+        for i, (host, port) in enumerate(self.bootstrap):
+            key = ("bootstrap", i)
+            try:
+                versions = await self._control.api_versions(key, host, port)
+                metadata = await self._control.metadata(key, host, port, versions)
+            except ANSWER_FAILURES as e:
+                tried.append(f"{host}:{port} ({e})")
+                log.warning("bootstrap broker %s:%s did not answer: %s", host, port, e)
+                continue
+            if not metadata["brokers"]:
+                tried.append(f"{host}:{port} (its metadata lists no broker)")
+                log.warning("bootstrap broker %s:%s lists no broker in its metadata", host, port)
+                continue
+            return metadata
+        raise ClusterUnavailable("no bootstrap broker answered: " + "; ".join(tried))
+
+    async def run(self) -> None:
+        retry = 0.5
+        wait = self.interval
+        while True:
+            with trio.move_on_after(wait):
+                await self._wake.wait()
+            self._wake = trio.Event()
+            try:
+                ok = await self._once()
+            except Exception:
+                # The control plane outlives any answer: whatever went wrong,
+                # keep the last good topology and try again.
+                log.exception("topology refresh failed unexpectedly")
+                ok = False
+            finally:
+                done, self._refreshed = self._refreshed, trio.Event()
+                done.set()
+            # After a failure, try again sooner, backing off up to the usual interval.
+            wait = self.interval if ok else min(retry, self.interval)
+            retry = 0.5 if ok else min(retry * 2, 30.0)
+            # Coalesce bursts of refresh requests; after a failure, hear none for up to 1 s (Kafka's
+            # clients' retry.backoff.max.ms): in an outage every client request asks for one.
+            pause = 0.05 if ok else min(wait, 1.0)
+            await trio.sleep(pause)
+            wait = max(0.0, wait - pause)
+
+    async def _once(self) -> bool:
+        """One topology refresh from the first broker that answers; False when none did."""
+        brokers = list(self._topology().brokers.values())
+        random.shuffle(brokers)
+        reachable = self._brokers.reachable
+        brokers.sort(key=lambda b: not reachable.get(b.node_id, False))
+        candidates: list[tuple[Any, str, int]] = [(b.node_id, b.host, b.port) for b in brokers]
+        # Every known broker failed (or none is known): the bootstrap list may still answer.
+        candidates += [(("bootstrap", i), host, port) for i, (host, port) in enumerate(self.bootstrap)]
+        for key, host, port in candidates:
+            node = key if isinstance(key, int) else None
+            try:
+                versions = self._brokers.versions.get(node, {}) if node is not None else await self._control.api_versions(key, host, port)
+                metadata = await self._control.metadata(key, host, port, versions)
+            except ANSWER_FAILURES as e:
+                if node is not None:
+                    self._brokers.set_reachable(node, False)
+                if (left_out := backoff.failure_log().note(("metadata", host, port))) is not None:  # one line per 10 s
+                    log.info("metadata from %s at %s:%s failed: %s%s", key, host, port, e, backoff.left_out(left_out))
+                continue
+            if not metadata["brokers"]:
+                # An answer naming no broker cannot be routed by: keep what we know.
+                log.warning("metadata from %s at %s:%s lists no broker; keeping the last topology", key, host, port)
+                continue
+            if node is not None:
+                self._brokers.set_reachable(node, True)
+            self._take(metadata)
+            return True
+        metrics.REFRESHES.labels("failed").inc()
+        if (left_out := backoff.failure_log().note("refresh")) is not None:
+            log.warning("topology refresh failed: no broker answered%s", backoff.left_out(left_out))
+        return False
+
+    def request(self) -> None:
+        self._wake.set()
+
+    async def wait(self, timeout: float) -> None:
+        """Ask for a refresh and wait (bounded) until one has completed."""
+        waiter = self._refreshed
+        self.request()
+        with trio.move_on_after(timeout):
+            await waiter.wait()
+
+
 class Cluster:
     def __init__(
         self,
@@ -104,49 +223,48 @@ class Cluster:
         security: BrokerSecurity | None = None,
         rack: str = "",
         read_replica_max_age: float = 300.0,
+        client_logins: bool = False,
     ) -> None:
-        """``rack``: kfan's own (--rack); ``read_replica_max_age``: how long a leader's preferred read replica is followed."""
-        self.bootstrap = bootstrap
+        """``rack``: kfan's own (--rack); ``read_replica_max_age``: how long a leader's preferred read replica is followed;
+        ``client_logins``: kfan authenticates its clients, so it advertises the login APIs, which it answers itself."""
         self.rack = rack
         # Process-wide: one leader's answer serves every client of that rack.
         self.read_replicas = ReadReplicas(read_replica_max_age)
         self.problem: str | None = None  # why kfan is not ready, for /readyz
         self.security = security if security is not None else BrokerSecurity()
-        self.refresh_interval = refresh_interval
         self.request_timeout = request_timeout
         self.max_frame_bytes = max_frame_bytes
         self.topology = Topology()
         self.api_versions: dict[int, tuple[int, int]] = {}
-        # APIs kfan answers itself on every connection, whatever the brokers serve (SASL, when clients log in to kfan).
-        self.local_versions: dict[int, tuple[int, int]] = {}
+        self.client_logins = client_logins
         # The coordinator of each group or transaction, as kfan's own identity finds it; connections
         # that carry their client's identity have views of their own on the same bounded cache.
         self.coordinators = Coordinators(CoordinatorCache(), self, lambda: self.topology.brokers, request_timeout=request_timeout)
         self.ready = trio.Event()
         self.refreshes = 0
         self.refreshed_at: float | None = None
-        self._wake = trio.Event()
-        self._refreshed = trio.Event()
         self.control = ControlLinks(
             lambda: self.topology, request_timeout=request_timeout, max_frame_bytes=max_frame_bytes, security=self.security
         )
-        self._nursery: trio.Nursery | None = None
         # The codecs of every advertised version, loaded once known: a request must not need a descriptor to decode.
         self.schemas = SchemaPreloader()
         self.brokers = Brokers(self.control, self._versions_changed)
         self.reachable = self.brokers.reachable  # node id -> reachable
         self.broker_versions = self.brokers.versions  # node id -> api key -> (min, max)
+        self.bootstrap = bootstrap
+        self.refresher = Refresher(bootstrap, self.control, self.brokers, refresh_interval, lambda: self.topology, self._took)
 
     # --- lifecycle -------------------------------------------------------
 
     async def run(self, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         async with trio.open_nursery() as nursery:
-            self._nursery = self.control.nursery = self.brokers.nursery = nursery
+            self.control.nursery = self.brokers.nursery = nursery
             nursery.start_soon(self.schemas.run)
             await self._bootstrap()
             self.ready.set()
             task_status.started()
-            await self._refresh_loop()
+            nursery.start_soon(self._age_loop)
+            await self.refresher.run()
 
     async def _bootstrap(self) -> None:
         # Until a bootstrap broker answers kfan is alive but not ready
@@ -167,24 +285,7 @@ class Cluster:
             delay = min(delay * 2, 10.0)
 
     async def _bootstrap_once(self) -> None:
-        tried = []
-        for i, (host, port) in enumerate(self.bootstrap):
-            key = ("bootstrap", i)
-            try:
-                versions = await self.control.api_versions(key, host, port)
-                metadata = await self.control.metadata(key, host, port, versions)
-            except ANSWER_FAILURES as e:
-                tried.append(f"{host}:{port} ({e})")
-                log.warning("bootstrap broker %s:%s did not answer: %s", host, port, e)
-                continue
-            if not metadata["brokers"]:
-                tried.append(f"{host}:{port} (its metadata lists no broker)")
-                log.warning("bootstrap broker %s:%s lists no broker in its metadata", host, port)
-                continue
-            self.topology = Topology().with_metadata(metadata)
-            break
-        else:
-            raise ClusterUnavailable("no bootstrap broker answered: " + "; ".join(tried))
+        self.topology = Topology().with_metadata(await self.refresher.first())
         for node_id, broker in self.topology.brokers.items():
             await self.brokers.probe(node_id, broker.host, broker.port)
         self._versions_changed()
@@ -195,71 +296,15 @@ class Cluster:
         down = sorted(k for k, v in self.reachable.items() if not v)
         log.info("cluster %s: brokers up %s, down %s; %d topics", self.topology.cluster_id, up, down, len(self.topology.leaders))
 
-    async def _refresh_loop(self) -> None:
-        assert self._nursery is not None
-        self._nursery.start_soon(self._age_loop)
-        retry = 0.5
-        wait = self.refresh_interval
-        while True:
-            with trio.move_on_after(wait):
-                await self._wake.wait()
-            self._wake = trio.Event()
-            try:
-                ok = await self._refresh_once()
-            except Exception:
-                # The control plane outlives any answer: whatever went wrong,
-                # keep the last good topology and try again.
-                log.exception("topology refresh failed unexpectedly")
-                ok = False
-            finally:
-                done, self._refreshed = self._refreshed, trio.Event()
-                done.set()
-            # After a failure, try again sooner, backing off up to the usual interval.
-            wait = self.refresh_interval if ok else min(retry, self.refresh_interval)
-            retry = 0.5 if ok else min(retry * 2, 30.0)
-            # Coalesce bursts of refresh requests; after a failure, hear none for up to 1 s (Kafka's
-            # clients' retry.backoff.max.ms): in an outage every client request asks for one.
-            pause = 0.05 if ok else min(wait, 1.0)
-            await trio.sleep(pause)
-            wait = max(0.0, wait - pause)
-
-    async def _refresh_once(self) -> bool:
-        """One topology refresh from the first broker that answers; False when none did."""
-        brokers = list(self.topology.brokers.values())
-        random.shuffle(brokers)
-        brokers.sort(key=lambda b: not self.reachable.get(b.node_id, False))
-        candidates: list[tuple[Any, str, int]] = [(b.node_id, b.host, b.port) for b in brokers]
-        # Every known broker failed (or none is known): the bootstrap list may still answer.
-        candidates += [(("bootstrap", i), host, port) for i, (host, port) in enumerate(self.bootstrap)]
-        for key, host, port in candidates:
-            node = key if isinstance(key, int) else None
-            try:
-                versions = self.broker_versions.get(node, {}) if node is not None else await self.control.api_versions(key, host, port)
-                metadata = await self.control.metadata(key, host, port, versions)
-            except ANSWER_FAILURES as e:
-                if node is not None:
-                    self.brokers.set_reachable(node, False)
-                if (left_out := backoff.failure_log().note(("metadata", host, port))) is not None:  # one line per 10 s
-                    log.info("metadata from %s at %s:%s failed: %s%s", key, host, port, e, backoff.left_out(left_out))
-                continue
-            if not metadata["brokers"]:
-                # An answer naming no broker cannot be routed by: keep what we know.
-                log.warning("metadata from %s at %s:%s lists no broker; keeping the last topology", key, host, port)
-                continue
-            if node is not None:
-                self.brokers.set_reachable(node, True)
-            # Ids learned from clients' answers stay (older control-plane versions carry none), those of deleted topics go.
-            self.topology = Topology(topic_ids=self.topology.topic_ids).with_metadata(metadata).known_ids_only()
-            self.refreshes += 1
-            self.refreshed_at = trio.current_time()
-            metrics.REFRESHES.labels("ok").inc()
-            self.brokers.note_absent(self.topology)
-            self.brokers.probe_all(self.topology)
-            return True
-        metrics.REFRESHES.labels("failed").inc()
-        if (left_out := backoff.failure_log().note("refresh")) is not None:
-            log.warning("topology refresh failed: no broker answered%s", backoff.left_out(left_out))
-        return False
+    def _took(self, metadata: Mapping[str, Any]) -> None:
+        """A refresh's answer: the topology it describes, and the brokers it names probed."""
+        # Ids learned from clients' answers stay (older control-plane versions carry none), those of deleted topics go.
+        self.topology = Topology(topic_ids=self.topology.topic_ids).with_metadata(metadata).known_ids_only()
+        self.refreshes += 1
+        self.refreshed_at = trio.current_time()
+        metrics.REFRESHES.labels("ok").inc()
+        self.brokers.note_absent(self.topology)
+        self.brokers.probe_all(self.topology)
 
     async def _age_loop(self) -> None:
         while True:
@@ -267,7 +312,7 @@ class Cluster:
             await trio.sleep(1)
 
     def _versions_changed(self) -> None:
-        self.api_versions = {**advertised_versions(list(self.broker_versions.values())), **self.local_versions}
+        self.api_versions = advertised_versions(list(self.broker_versions.values()), logins=self.client_logins)
         self.schemas.want(self.api_versions)
 
     def is_ready(self) -> bool:
@@ -286,14 +331,11 @@ class Cluster:
         return trio.current_time() - self.refreshed_at if self.refreshed_at is not None else float("inf")
 
     def request_refresh(self) -> None:
-        self._wake.set()
+        self.refresher.request()
 
     async def refresh(self, timeout: float = 5.0) -> None:
         """Ask for a refresh and wait (bounded) until one has completed."""
-        waiter = self._refreshed
-        self.request_refresh()
-        with trio.move_on_after(timeout):
-            await waiter.wait()
+        await self.refresher.wait(timeout)
 
     # --- what connections ask -------------------------------------------------
 

@@ -14,7 +14,7 @@ import trio
 from proxy.core.topology import Topology
 from proxy.kafka import apis, schema
 
-from . import backoff
+from . import backoff, transport
 from .link import Link, LinkError, own_request
 from .reads import read_api_versions, read_metadata
 from .transport import BrokerSecurity
@@ -71,7 +71,7 @@ class ControlLinks:
             )
             self._links[key] = link
             self.nursery.start_soon(link.run)
-            self.nursery.start_soon(backoff.settle, attempt, link)
+            self.nursery.start_soon(transport.settle, attempt, link)
         return link
 
     async def call(

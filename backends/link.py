@@ -16,7 +16,8 @@ session the broker granted ends (KIP-368): the writer pauses, requests
 already sent are answered as usual, and nothing in flight fails.
 
 A client connection's links count every answer against its
-:class:`~proxy.budget.Budget` from arrival (:meth:`Pending.hold`) until its
+:class:`~proxy.budget.Budget` from arrival (:meth:`Pending.hold`, by the
+link's reading side, :class:`Receiver`) until its
 user consumes or drops it: an answer nobody waits for any more is dropped at
 once (:meth:`Pending.abandon`), and so is one for a sub-fetch nobody waits
 for yet when the budget has no room for it.
@@ -58,6 +59,7 @@ Call = Callable[[int, int, Mapping[str, Any]], Awaitable[bytes]]
 """One request of kfan's own on a link (api key, version, body) and its answer's payload."""
 
 Authenticate = Callable[[Call], Awaitable[float | None]]
+"""Logs a link in over ``Call``; the session lifetime granted, in seconds (None: unlimited)."""
 
 
 def own_request(api_key: int, version: int, body: Mapping[str, Any]) -> SubRequest:
@@ -67,8 +69,6 @@ def own_request(api_key: int, version: int, body: Mapping[str, Any]) -> SubReque
         api_key, version, [request_header_tail(api_key, version, CLIENT_ID), *schema.encode_body(spec, {**spec.blank(), **body})], True
     )
 
-
-"""Logs a link in over ``Call``; the session lifetime granted, in seconds (None: unlimited)."""
 
 # Log in again this far into a session: early enough for a slow broker, as Kafka's clients do.
 REAUTHENTICATE_AT = 0.85
@@ -195,7 +195,6 @@ class Link:
         ``budget``: the client connection's, which every answer is counted against while held.
         """
         self.budget = budget
-        self._arriving: Pending | None = None  # whose answer is being received (already counted)
         self.broker_id = broker_id
         self.keep_requests = keep_requests
         self.address = (host, port)
@@ -206,6 +205,7 @@ class Link:
         self._connect: Connect = connect if connect is not None else partial(trio.open_tcp_stream, host, port)
         self._send, self._queue = trio.open_memory_channel[tuple[Parts, Pending]](math.inf)
         self._correlations: Correlations[Pending] = Correlations()
+        self._receiver = Receiver(broker_id, self._correlations, max_frame_bytes, budget)
         self._cancel = trio.CancelScope()
         self._authenticate = authenticate
         self._reauthenticate_at = math.inf
@@ -253,7 +253,7 @@ class Link:
                 connected.inc()
                 try:
                     async with stream, trio.open_nursery() as nursery:
-                        nursery.start_soon(self._receive, stream)
+                        nursery.start_soon(self._receiver.run, stream)
                         await self._write(stream)
                 finally:
                     connected.dec()
@@ -282,8 +282,7 @@ class Link:
         self._send.close()
         for pending in self._correlations.take_all():
             pending.set(reason)
-        if self._arriving is not None:
-            self._arriving.set(reason)  # its answer was cut short
+        self._receiver.cut_short(reason)
         if self._writing is not None:
             # Its bytes were partly out (an acks=0 request has no waiter to fail).
             self._writing.set(reason)
@@ -341,19 +340,38 @@ class Link:
         finally:
             pending.release()  # a login answer, read at once
 
-    async def _receive(self, stream: trio.abc.Stream) -> None:
+
+class Receiver:
+    """A link's reading side: each answer is matched to its request by correlation id and,
+    with a ``budget`` (the client connection's), counted against it from its first bytes,
+    or dropped unread when nobody waits for it."""
+
+    def __init__(self, broker_id: int, correlations: Correlations[Pending], max_frame_bytes: int, budget: Budget | None) -> None:
+        self.broker_id = broker_id
+        self.budget = budget
+        self.max_frame_bytes = max_frame_bytes
+        self._correlations = correlations
+        self.arriving: Pending | None = None  # whose answer is being received (already counted)
+
+    def cut_short(self, reason: LinkError) -> None:
+        """The link failed: the answer being received never comes whole."""
+        if self.arriving is not None:
+            self.arriving.set(reason)
+
+    async def run(self, stream: trio.abc.Stream) -> None:
+        """Read answers until the broker closes the stream (a :class:`LinkError`) or it fails."""
         reader = FrameReader(self.max_frame_bytes, MIN_RESPONSE_FRAME)
         received = metrics.BYTES.labels("broker_in")
         while True:
             payload = reader.next_frame()
             if payload is None:
-                if self.budget is not None and self._arriving is None and (head := reader.frame_head(4)) is not None:
+                if self.budget is not None and self.arriving is None and (head := reader.frame_head(4)) is not None:
                     # Whose answer this is, as soon as its correlation id is in: counted
                     # whole from now, or dropped unread (never buffered) when unwanted.
                     size, first = head
                     pending = self._answer_for(correlation_id_of(first))
                     if pending is not None and self._admit(pending, size):
-                        self._arriving = pending
+                        self.arriving = pending
                     else:
                         reader.skip()
                 # A Fetch answer of several MiB (a partition's 1 MiB each) is received in place whole.
@@ -362,7 +380,7 @@ class Link:
                     raise LinkError(f"broker {self.broker_id} closed the connection")
                 received.inc(n)
                 continue
-            pending, self._arriving = self._arriving, None
+            pending, self.arriving = self.arriving, None
             if pending is None:
                 pending = self._answer_for(correlation_id_of(payload))
                 if pending is None or (self.budget is not None and not self._admit(pending, len(payload))):

@@ -23,7 +23,7 @@ from proxy.core import ANY_BROKER, Coordinator, Destination, Failed
 from proxy.core.topology import Broker
 from proxy.security.sasl import Credentials
 
-from . import backoff
+from . import backoff, transport
 from .cluster import Cluster
 from .coordinators import CoordinatorError, Coordinators
 from .link import Link, LinkError, own_request
@@ -130,7 +130,7 @@ class LinkPool:
         )
         self._links[(broker, lane)] = link
         self._nursery.start_soon(link.run)
-        self._nursery.start_soon(backoff.settle, attempt, link)
+        self._nursery.start_soon(transport.settle, attempt, link)
         return link
 
     async def link_when_ready(self, broker: int, lane: Lane, patience: float = backoff.RECONNECT_BACKOFF_MAX_S * 1.5) -> Link | None:

@@ -1,5 +1,6 @@
 """How kfan reaches a broker: TCP or TLS (the certificate checked against
-the broker's advertised host, or one configured name), then its SASL login.
+the broker's advertised host, or one configured name), then its SASL login;
+and how that opening ended, told to the reconnect backoff (:func:`settle`).
 
 One :class:`BrokerSecurity` serves the bootstrap connection, the control
 plane and every client connection's links. With ``--broker-identity client``
@@ -14,11 +15,13 @@ from dataclasses import dataclass
 
 import trio
 
+from proxy import metrics
 from proxy.security.sasl import Credentials
 from proxy.security.tls import BrokerTLS
 
-from .link import Authenticate
-from .sasl import SaslLogin
+from . import backoff
+from .link import Authenticate, Link
+from .sasl import AuthenticationFailed, SaslLogin
 
 Credentials_ = Callable[[], Credentials]
 
@@ -45,3 +48,27 @@ class BrokerSecurity:
         """A link's login: with ``credentials`` (a client's own), else kfan's; None without SASL."""
         chosen = credentials if credentials is not None else self.credentials
         return None if chosen is None else SaslLogin(broker, chosen)
+
+
+async def settle(attempt: backoff.Attempt, link: Link) -> None:
+    """Tell ``attempt`` how ``link``'s opening ended (a task beside the link's own).
+
+    Ready (connected, and logged in if it logs in) resets the backoff, as
+    Kafka's clients reset it once a connection is ready; failing before that
+    grows it; a login the broker refused changes nothing (it is the
+    credentials' failure, not the broker's).
+    """
+    result = "abandoned"
+    try:
+        await link.ready.wait()
+        if link.failed is None:
+            result = "ok"
+            attempt.connected()
+        elif isinstance(link.failed, AuthenticationFailed):
+            result = "login_refused"
+        else:
+            result = "failed"
+            attempt.failed()
+    finally:
+        attempt.abandoned()  # no-op once it has ended; else the link was cancelled (its client left)
+        metrics.BROKER_CONNECTS.labels(str(link.broker_id), result).inc()

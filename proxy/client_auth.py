@@ -1,15 +1,17 @@
 """Clients authenticated by kfan, as a broker with a SASL listener does it.
 
 A :class:`ClientSession` is one client connection's authentication state.
-Before the client has logged in it may send only ApiVersions, SaslHandshake
-and SaslAuthenticate; anything else closes the connection. kfan answers
+Before the client has logged in it may send only what the route table lets
+come first (``before_login``: ApiVersions, SaslHandshake and
+SaslAuthenticate); anything else closes the connection. kfan answers
 SaslHandshake (v0: raw SASL tokens follow; v1: SaslAuthenticate requests)
-and SaslAuthenticate itself, with the mechanism's exchange from
-:mod:`proxy.security.sasl`. A failed login is answered with
-SASL_AUTHENTICATION_FAILED after a short delay, then the connection closes; an
-unknown mechanism with UNSUPPORTED_SASL_MECHANISM and the list. A session may
-have a lifetime (KIP-368): the client must log in again before it ends, or
-its next request closes the connection.
+and SaslAuthenticate itself (their rows' ``login``, at the versions the rows
+serve), with the mechanism's exchange from :mod:`proxy.security.sasl`. A
+failed login is answered with SASL_AUTHENTICATION_FAILED after a short
+delay, then the connection closes; an unknown mechanism with
+UNSUPPORTED_SASL_MECHANISM and the list. A session may have a lifetime
+(KIP-368): the client must log in again before it ends, or its next request
+closes the connection.
 
 With the client's identity carried to the brokers, a login, and each
 re-authentication, is confirmed by logging a broker link in with the same
@@ -33,6 +35,8 @@ from typing import Any
 import trio
 
 from . import metrics
+from .core.plan import Login
+from .core.routes import ROUTES, served_versions
 from .kafka import apis, errors
 from .kafka.headers import decode_request, peek_request, response_header
 from .kafka.schema import encode_body, response_spec
@@ -42,9 +46,6 @@ from .security import offload
 from .security.sasl import Authenticator, Credentials, ServerExchange, ServerStep
 
 log = logging.getLogger("kfan.auth")
-
-# What kfan serves of the SASL APIs itself.
-SASL_VERSIONS = {apis.SASL_HANDSHAKE: (0, 1), apis.SASL_AUTHENTICATE: (0, 2)}
 
 
 @dataclass(frozen=True)
@@ -118,13 +119,15 @@ class ClientSession:
         if self._raw_tokens:
             return await self._raw_token(bytes(payload))
         api_key, version, _ = peek_request(payload)
-        if api_key in SASL_VERSIONS and not SASL_VERSIONS[api_key][0] <= version <= SASL_VERSIONS[api_key][1]:
-            raise Refused("unsupported", f"{apis.api_name(api_key)} v{version}, which kfan does not serve")
-        if api_key == apis.SASL_HANDSHAKE:
-            return self._handshake(payload)
-        if api_key == apis.SASL_AUTHENTICATE:
+        route = ROUTES.get(api_key)
+        if route is not None and route.login is not None:
+            served = served_versions(route)
+            if served is None or not served[0] <= version <= served[1]:
+                raise Refused("unsupported", f"{apis.api_name(api_key)} v{version}, which kfan does not serve")
+            if route.login is Login.HANDSHAKE:
+                return self._handshake(payload)
             return await self._authenticate(payload)
-        if api_key == apis.API_VERSIONS:
+        if route is not None and route.before_login:
             return None
         if not self.authenticated:
             raise Refused("unauthenticated", f"api_key {api_key} before authentication")

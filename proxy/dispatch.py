@@ -28,7 +28,7 @@ from backends.sasl import AuthenticationFailed
 
 from . import metrics
 from .core import ANY_BROKER, BrokerAnswer, Destination, Failed, FetchForward, Forward, Response
-from .core.fetch import FetchWait
+from .core.fetch_wait import FetchWait
 from .fetches import Fetches
 from .gather import FETCH_GRACE, Gathered, Handles, gather, gather_fetch
 from .kafka import errors

@@ -32,7 +32,7 @@ from backends.links import Lane, LinkPool
 
 from .budget import Budget
 from .core import BrokerAnswer, Destination, Failed, FetchAhead, FetchForward, Watermarks
-from .core.fetch import InflightFetches, answer_ceilings
+from .core.fetch_wait import InflightFetches, answer_ceilings
 from .core.layout import TopicPartition
 from .gather import Handles
 

@@ -1,7 +1,7 @@
 """Waiting for a request's answers from its brokers (trio).
 
 :func:`gather` waits for every answer up to one deadline. :func:`gather_fetch`
-drives the pure :class:`proxy.core.fetch.FetchWait`, which decides when a
+drives the pure :class:`proxy.core.fetch_wait.FetchWait`, which decides when a
 Fetch is answered: this module only feeds it answers and wake-ups, and sends
 again what it says to ask again.
 
@@ -19,7 +19,7 @@ import trio
 
 from backends.link import Pending
 from proxy.core import BrokerAnswer, Destination, Failed, Watermarks
-from proxy.core.fetch import FetchWait
+from proxy.core.fetch_wait import FetchWait
 from proxy.core.layout import TopicPartition
 
 # A broker's Fetch answer may lag its max_wait by the network; past this, kfan

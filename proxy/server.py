@@ -24,7 +24,6 @@ from .accept import serve_listeners
 from .admission import serve_client
 from .budget import MemoryPool
 from .capture import Capture, CaptureConfig
-from .client_auth import SASL_VERSIONS
 from .connection import Limits
 from .core import Identity
 from .prelogin import PreLogin
@@ -192,9 +191,8 @@ async def serve(config: ServerConfig, task_status: trio.TaskStatus[Running] = tr
         security=config.security.broker,
         rack=config.rack,
         read_replica_max_age=config.read_replica_max_age_s,
+        client_logins=config.security.client_auth is not None,
     )
-    if config.security.client_auth is not None:
-        cluster.local_versions = dict(SASL_VERSIONS)
     for line in config.security.summary:
         log.info("security: %s", line)
     if config.rack:

@@ -34,13 +34,13 @@ from typing import Any
 
 from proxy.capture.rows import CaptureRow
 from proxy.core.layout import Layout, TopicPartition
-from proxy.kafka import apis, schema
+from proxy.core.plan import Route, Watermarks
+from proxy.kafka import schema
 from proxy.kafka.frames import frame
 from proxy.kafka.headers import decode_request, decode_response, parse_request_header, request_head, response_body_offset
 from proxy.kafka.records import check_records
 from proxy.kafka.wire import Reader
 
-Watermarks = tuple[int, int, int]  # high watermark, last stable offset, log start offset
 RecordedAnswers = Mapping[Any, bytes | None]  # broker -> the answer it gave (None: none recorded)
 
 
@@ -95,12 +95,18 @@ def _plan_and_merge(row: CaptureRow, watermarks: Mapping[TopicPartition, Waterma
     return Replanned(subrequests, merge)
 
 
+def route_of(api_key: int) -> Route[Any] | None:
+    """What the core's route table says of an API (None: kfan does not route it)."""
+    from proxy.core import ROUTES
+
+    return ROUTES.get(api_key)
+
+
 def layouts(api_key: int, api_version: int) -> tuple[Layout, Layout] | None:
     """The request's and the response's partition layouts, for an API the core splits by leader (else None)."""
-    from proxy.core import ROUTES
     from proxy.core.leader import layouts_of
 
-    route = ROUTES.get(api_key)
+    route = route_of(api_key)
     return None if route is None or route.layout is None else layouts_of(route, api_version)
 
 
@@ -193,8 +199,8 @@ def _without_cid(request: bytes) -> bytes:
     return request[:4] + request[8:]
 
 
-def _fetch_asks(request: bytes, layout: Layout) -> set[tuple[Any, int, int]]:
-    """What a sub-fetch asks (partitions and offsets), order aside."""
+def _asks(request: bytes, layout: Layout) -> set[tuple[Any, int, int]]:
+    """What a sub-request that may have been sent ahead asks (partitions and the offsets to fetch from), order aside."""
     _, req = decode_request(request)
     return {(k, layout.partition_index(p), p["fetch_offset"]) for k, p in layout.entries(req)}
 
@@ -228,15 +234,16 @@ def check_exchange(row: CaptureRow, core: Core = DEFAULT_CORE) -> Result:
     hdr = parse_request_header(request)
     if response is not None and struct.unpack_from(">i", response)[0] != hdr.correlation_id:
         add(Finding("correlation id", f"response has {struct.unpack_from('>i', response)[0]}, request {hdr.correlation_id}"))
+    route = route_of(api_key)
     found = layouts(api_key, api_version)
-    if found is None or response is None:
+    if route is None or found is None or response is None:
         return result
     req_layout, resp_layout = found
     if not row.records_scrubbed:
-        _check_batches(result, row, req_layout, resp_layout)
+        _check_batches(result, row, route, req_layout, resp_layout)
     # The watermarks kfan reported: for a partition whose broker had not answered,
     # they came from the connection's memory, which the capture does not hold.
-    watermarks = _reported_watermarks(response, api_key, api_version, resp_layout) if api_key == apis.FETCH else {}
+    watermarks = _reported_watermarks(response, api_key, api_version, resp_layout) if route.watermarks else {}
     replanned = core.replan(row, watermarks)
     replayed: dict[Any, bytes] = {}
     for b, wire in replanned.subrequests.items():
@@ -246,11 +253,11 @@ def check_exchange(row: CaptureRow, core: Core = DEFAULT_CORE) -> Result:
             return result
         replayed[b] = _without_cid(payload)
     recorded = {b: _without_cid(q) for b, q, _ in row.subrequests}
-    if api_key == apis.FETCH:
-        # A sub-fetch may be one sent for an earlier Fetch of the same partitions
+    if route.sent_ahead:
+        # A sub-request may be one sent for an earlier request of the same partitions
         # and offsets (in another order), reused: compare what they ask.
         def asks(subs: dict[Any, bytes]) -> dict[Any, set[tuple[Any, int, int]]]:
-            return {b: _fetch_asks(q[:4] + b"\0\0\0\0" + q[4:], req_layout) for b, q in subs.items()}
+            return {b: _asks(q[:4] + b"\0\0\0\0" + q[4:], req_layout) for b, q in subs.items()}
 
         same = asks(recorded) == asks(replayed)
     else:
@@ -300,17 +307,17 @@ def _check_partitions(result: Result, row: CaptureRow, req_layout: Layout, resp_
                 return
 
 
-def _check_batches(result: Result, row: CaptureRow, req_layout: Layout, resp_layout: Layout) -> None:
+def _check_batches(result: Result, row: CaptureRow, route: Route[Any], req_layout: Layout, resp_layout: Layout) -> None:
     """Every record batch of the exchange checked as kfan checks a Produce's: the client's
-    (Produce), and each broker's (Fetch answers, whose last batch may be cut short)."""
+    (in a request: Produce), and each broker's (in answers, whose last batch may be cut short: Fetch)."""
     api_key, api_version = row.api_key, row.api_version
-    if api_key == apis.PRODUCE:
+    if route.records == "request":
         request = schema.decode_body(schema.request_spec(api_key, api_version), row.request, parse_request_header(row.request).body_offset)
         for topic, partition in req_layout.entries(request):
             if (bad := check_records(partition["records"])) is not None:
                 index = req_layout.partition_index(partition)
                 result.peer_findings.append(Finding("corrupt batch from client", f"{topic}-{index}: {bad.reason}"))
-    elif api_key == apis.FETCH:
+    elif route.records == "response":
         answers = [(f"broker {b}", a) for b, _, a in row.subrequests if a is not None]
         if row.imported and row.response is not None:
             answers.append(("the broker", row.response))  # a tcpdump of direct traffic: the response is the broker's own

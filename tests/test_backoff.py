@@ -1,4 +1,5 @@
-"""Reconnect backoff and the failure-log limit (:mod:`backends.backoff`), on a virtual clock and seeded randomness.
+"""Reconnect backoff and the failure-log limit (:mod:`backends.backoff`), on a virtual clock and seeded randomness;
+and how a link's opening is told to the backoff (:func:`backends.transport.settle`).
 
 The delays are Kafka's clients' (``reconnect.backoff.ms`` 50, ``reconnect.backoff.max.ms``
 1000, ±20% jitter); the state is per broker address and shared by every link to it.
@@ -13,7 +14,7 @@ import pytest
 import trio
 import trio.testing
 
-from backends import backoff
+from backends import backoff, transport
 from backends.backoff import Attempt, FailureLog, ReconnectBackoff, left_out
 from backends.link import LinkError
 from backends.sasl import AuthenticationFailed
@@ -140,7 +141,7 @@ async def _settled(b: ReconnectBackoff, outcome: LinkError | None) -> None:
     attempt = granted(b)
     link = FakeLink()
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(backoff.settle, attempt, link)  # type: ignore[arg-type]
+        nursery.start_soon(transport.settle, attempt, link)  # type: ignore[arg-type]
         await trio.testing.wait_all_tasks_blocked()
         link.failed = outcome
         link.ready.set()
@@ -161,7 +162,7 @@ async def test_settle_reads_the_links_opening() -> None:
 async def test_settle_of_a_cancelled_link_frees_its_trial() -> None:
     b = backed_off_once(Clock())
     with trio.move_on_after(0.01):  # the client connection ends while its link connects
-        await backoff.settle(granted(b), FakeLink())  # type: ignore[arg-type]
+        await transport.settle(granted(b), FakeLink())  # type: ignore[arg-type]
     granted(b).failed()  # the next link may try at once
     assert 0.08 <= b.retry_in(BROKER) <= 0.12, "the cancelled attempt was no failure"
 

@@ -22,7 +22,7 @@ import trio.testing
 
 from proxy.budget import POOL_FLOOR, Budget, MemoryPool
 from proxy.connection import ClientConnection, Limits
-from proxy.core.fetch import InflightFetches
+from proxy.core.fetch_wait import InflightFetches
 from proxy.fetches import FETCH_AHEAD_TTL
 from proxy.kafka import apis
 from proxy.kafka.frames import FrameReader

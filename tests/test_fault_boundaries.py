@@ -42,12 +42,13 @@ from proxy.core import (
     Response,
     plan_request,
 )
-from proxy.core.fetch import answer_watermarks, satisfied
+from proxy.core.fetch import answer_watermarks
 from proxy.core.topology import Broker, Topology
 from proxy.kafka import apis, errors, schema
 from proxy.kafka.frames import FrameReader, frame
 from proxy.kafka.headers import parse_request_header, response_header
 from proxy.kafka.wire import Malformed
+from tests.support.core_inputs import satisfied
 from tests.support.messages import answer_bytes, request_bytes
 from tests.support.records import record_batch
 from tests.support.waiting import wait_for_async

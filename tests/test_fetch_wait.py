@@ -1,4 +1,4 @@
-"""When a Fetch is answered: the pure :class:`proxy.core.fetch.FetchWait` and
+"""When a Fetch is answered: the pure :class:`proxy.core.fetch_wait.FetchWait` and
 :class:`InflightFetches`, driven by hand with times passed as floats; and the
 thin trio loop over them (:func:`proxy.gather.gather_fetch`) on trio's MockClock.
 
@@ -31,7 +31,8 @@ from proxy.core import (
     advertised_versions,
     plan_request,
 )
-from proxy.core.fetch import AskAgain, FetchWait, InflightFetches, Reuse, records_end
+from proxy.core.fetch import records_end
+from proxy.core.fetch_wait import AskAgain, FetchWait, InflightFetches, Reuse
 from proxy.core.layout import TopicPartition
 from proxy.core.topology import Broker, Topology
 from proxy.gather import gather_fetch

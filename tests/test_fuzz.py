@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from proxy.core import BrokerUnavailable, Failed, FetchForward, Forward, Response, Unsupported
-from proxy.core.fetch import answer_watermarks, satisfied
+from proxy.core.fetch import answer_watermarks
 from proxy.core.topology import Topology
 from proxy.kafka import apis, errors, schema
 from proxy.kafka.frames import FrameReader
@@ -29,6 +29,7 @@ from proxy.kafka.wire import Malformed
 from tests.fuzz import broker_answers, client_frames, held_state, mutate, sasl
 from tests.fuzz.harness import Broken, Tally, check
 from tests.support import oracle
+from tests.support.core_inputs import satisfied
 
 SEED = "pytest"
 

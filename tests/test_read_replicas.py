@@ -12,7 +12,7 @@ from proxy.core.fetch import locality
 from proxy.core.read_replicas import ReadReplicas
 from proxy.core.topology import Broker, Topology
 from proxy.kafka import apis, errors
-from tests.support.core_inputs import ALL_VERSIONS, IDENTITY, effects_of
+from tests.support.core_inputs import ALL_VERSIONS, IDENTITY, effects_of, without_topics
 from tests.support.messages import answer_bytes, request_bytes
 from tests.support.records import record_batch
 
@@ -59,7 +59,7 @@ def test_the_topology_keeps_each_partitions_isr_through_its_json_form() -> None:
     assert topology.can_read_from("t", 0, 2) and not topology.can_read_from("t", 1, 1)
     assert not topology.can_read_from("t", 0, 3), "not a live broker"
     assert Topology.from_json(topology.to_json()) == topology
-    assert topology.without_topics(["t"]).isr == {}
+    assert without_topics(topology, ["t"]).isr == {}
 
 
 def _fetch(rack: str) -> bytes:

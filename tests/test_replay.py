@@ -49,6 +49,7 @@ from tests.support import ROOT
 from tests.support.apt import ensure_command
 from tests.support.kfan import start_kfan
 from tests.support.processes import follow_output
+from tests.support.spark import quick_jvm_env
 from tests.support.tansu import Tansu
 from tests.support.waiting import wait_for, wait_for_line
 
@@ -165,13 +166,13 @@ SPARK_TIMEOUT_S = 1200
 
 
 def kfan_replay(*args: str, timeout: float = SPARK_TIMEOUT_S) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([KFAN, "replay", *args], capture_output=True, text=True, timeout=timeout)
+    return subprocess.run([KFAN, "replay", *args], capture_output=True, text=True, timeout=timeout, env=quick_jvm_env())
 
 
 def broken_replay(broken: str, *args: str, timeout: float = SPARK_TIMEOUT_S) -> subprocess.CompletedProcess[str]:
     """`kfan replay ARGS` with a deliberately broken core (tests/support/broken_cores.py)."""
     command = [sys.executable, "-m", "tests.support.broken_replay", broken, *args]
-    return subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=timeout, env=quick_jvm_env())
 
 
 def test_capture_holds_every_kind_of_traffic(captured: Captured) -> None:

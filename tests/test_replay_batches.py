@@ -23,6 +23,7 @@ from proxy.capture import CaptureRow, read_rows
 from spark.checks import check_exchange
 from tests.support.apt import ensure_command
 from tests.support.kfan import start_kfan
+from tests.support.spark import quick_jvm_env
 from tests.support.waiting import wait_for
 
 KFAN = str(Path(sys.executable).parent / "kfan")
@@ -82,7 +83,9 @@ def test_spark_replay_reports_corrupt_batches_apart_from_regressions(
     copy = tmp_path / "capture"
     shutil.copytree(directory, copy)
     # Spark in local mode takes minutes on a busy machine: the deadline bounds a hang, never judges the time.
-    out = subprocess.run([KFAN, "replay", str(copy), "--report", str(tmp_path / "report")], capture_output=True, text=True, timeout=1200)
+    out = subprocess.run(
+        [KFAN, "replay", str(copy), "--report", str(tmp_path / "report")], capture_output=True, text=True, timeout=1200, env=quick_jvm_env()
+    )
     report = json.loads((tmp_path / "report.json").read_text())
     peers = report["peer_findings"]
     assert peers["exchanges"] >= 1

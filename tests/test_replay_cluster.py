@@ -40,6 +40,7 @@ from spark import ship
 from tests.support.apt import ensure_command
 from tests.support.kfan import start_kfan
 from tests.support.processes import follow_output, stop_process
+from tests.support.spark import QUICK_JVM
 from tests.support.waiting import wait_for, wait_for_line
 
 KFAN = str(Path(sys.executable).parent / "kfan")
@@ -49,9 +50,6 @@ PARTITIONS = 3
 # Deadlines bound a hang on a busy machine; they never judge the time.
 START_TIMEOUT_S = 120
 REPLAY_TIMEOUT_S = 600
-# Spark's JVMs (driver, master, worker, executor) with the client compiler only: on a busy machine a short
-# job ends in a fraction of the time C2 takes to compile its hot code first.
-QUICK_JVM = "-XX:TieredStopAtLevel=1"
 
 
 @pytest.fixture(scope="module")

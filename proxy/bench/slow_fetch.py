@@ -22,11 +22,12 @@ from dataclasses import dataclass, field
 
 from confluent_kafka import Consumer, Producer, TopicPartition
 
+from proxy.kafka.apis import FETCH
+
 from .errors import BenchError
 from .measure import Update
 from .processes import ROOT, start_kfan
 
-FETCH = 1
 SLOW_MS = 300
 SLOW_BROKERS = (2, 3)
 FETCH_WAIT_MS = 50

@@ -8,8 +8,8 @@ only :mod:`proxy.kafka` (and the standard library and kio).
 - :mod:`.routes`: THE table, one row per API key; :func:`plan_request`.
 - :mod:`.plan`: the values exchanged with the I/O layer (plans, answers, replies, effects).
 - one module per policy: :mod:`.local`, :mod:`.leader` (with :mod:`.produce`
-  and :mod:`.fetch`), :mod:`.coordinator`, :mod:`.broadcast` (with
-  :mod:`.log_dirs`), :mod:`.any_broker`;
+  and :mod:`.fetch`, and :mod:`.fetch_wait` for when a Fetch is answered),
+  :mod:`.coordinator`, :mod:`.broadcast` (with :mod:`.log_dirs`), :mod:`.any_broker`;
   :mod:`.identity` rewrites broker identity in answers.
 - :mod:`.topology`: the cluster snapshot routing works from; :mod:`.layout`:
   the generic split and merge of partition-keyed messages;

@@ -11,6 +11,8 @@ answered by a real broker standing in for it.
 
 from __future__ import annotations
 
+from typing import Any
+
 from ..kafka import errors
 from ..kafka.headers import RequestHeader
 from ..kafka.schema import Struct, encode_body, response_spec
@@ -21,7 +23,7 @@ from .identity import BROKER_RESOURCES, rewrite_config_resources
 from .plan import ANY_BROKER, Answers, Context, Destination, Failed, FoldMetadata, Forward, Plan, RefreshTopology, Reply, Response, Route
 
 
-def plan(route: Route, ctx: Context, hdr: RequestHeader, payload: memoryview, request: Struct) -> Plan:
+def plan(route: Route[Any], ctx: Context, hdr: RequestHeader, payload: memoryview, request: Struct) -> Plan:
     destination: Destination = ANY_BROKER
     sub = whole(hdr, payload)
     stand_in: str | None = None  # the real broker answering for kfan's own node id
@@ -42,7 +44,7 @@ def plan(route: Route, ctx: Context, hdr: RequestHeader, payload: memoryview, re
     return Forward(hdr, True, route, ctx, request, {destination: sub}, merge, state=stand_in)
 
 
-def merge(plan: Forward, answers: Answers) -> Reply:
+def merge(plan: Forward[str | None], answers: Answers) -> Reply:
     hdr = plan.header
     (answer,) = answers.values()
     if not isinstance(answer, Response):
@@ -56,7 +58,7 @@ def merge(plan: Forward, answers: Answers) -> Reply:
         return Reply(error_body(hdr, errors.NETWORK_EXCEPTION), [RefreshTopology()], broker_failed=True)
 
 
-def _rewritten(plan: Forward, payload: memoryview | bytes) -> Reply:
+def _rewritten(plan: Forward[str | None], payload: memoryview | bytes) -> Reply:
     hdr = plan.header
     route = plan.route
     spec = response_spec(hdr.api_key, hdr.api_version)
@@ -66,7 +68,7 @@ def _rewritten(plan: Forward, payload: memoryview | bytes) -> Reply:
             # Answered as the client: its errors are the client's, not the cluster's.
             effects = [FoldMetadata(e.metadata, described_only=True) if isinstance(e, FoldMetadata) else e for e in effects]
         return Reply(encode_body(spec, body), effects)
-    stand_in: str | None = plan.state
+    stand_in = plan.state
     if stand_in is not None:
         assert route.broker_configs is not None
         body = rewrite_config_resources(decode_answer(hdr, payload), route.broker_configs, stand_in, str(plan.ctx.identity.node_id))

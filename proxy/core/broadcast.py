@@ -19,7 +19,7 @@ from .answers import decode_answers, whole
 from .plan import Answers, BrokerUnavailable, Context, Forward, Plan, Reply, Route
 
 
-def plan(route: Route, ctx: Context, hdr: RequestHeader, payload: memoryview, request: Struct) -> Plan:
+def plan(route: Route[Any], ctx: Context, hdr: RequestHeader, payload: memoryview, request: Struct) -> Plan:
     brokers = sorted(ctx.topology.brokers)
     if not brokers:
         return any_broker.plan(route, ctx, hdr, payload, request)
@@ -27,7 +27,7 @@ def plan(route: Route, ctx: Context, hdr: RequestHeader, payload: memoryview, re
     return Forward(hdr, True, route, ctx, request, {b: whole(hdr, payload) for b in brokers}, route.merge, state=brokers)
 
 
-def merge(plan: Forward, answers: Answers) -> Reply:
+def merge(plan: Forward[list[int]], answers: Answers) -> Reply:
     hdr = plan.header
     array = plan.route.broadcast_array
     assert array is not None

@@ -66,7 +66,7 @@ def v3_transactional_id(request: Struct) -> Coordinator | None:
 # --- planning ------------------------------------------------------------------------------------------
 
 
-def batch_of(route: Route, request: Struct) -> Batch | None:
+def batch_of(route: Route[Any], request: Struct) -> Batch | None:
     """The route's batched form, when this request (version) uses it."""
     batch = route.batch
     return batch if batch is not None and batch.request_array in request else None
@@ -76,7 +76,7 @@ def _batch_key(batch: Batch, entry: Any) -> str:
     return entry if batch.request_key is None else entry[batch.request_key]
 
 
-def coordinators_of(route: Route, request: Struct) -> list[Coordinator]:
+def coordinators_of(route: Route[Any], request: Struct) -> list[Coordinator]:
     """The coordinator(s) a request belongs to, one per entry of a batched form; none: any broker will do."""
     if (batch := batch_of(route, request)) is not None:
         return [Coordinator(batch.key_type, _batch_key(batch, e)) for e in request[batch.request_array]]
@@ -85,7 +85,7 @@ def coordinators_of(route: Route, request: Struct) -> list[Coordinator]:
     return [] if key is None else [key]
 
 
-def plan(route: Route, ctx: Context, hdr: RequestHeader, payload: memoryview, request: Struct) -> Plan:
+def plan(route: Route[Any], ctx: Context, hdr: RequestHeader, payload: memoryview, request: Struct) -> Plan:
     keys = coordinators_of(route, request)
     if not keys:  # not transactional, or a batch naming nothing
         return any_broker.plan(route, ctx, hdr, payload, request)
@@ -93,10 +93,10 @@ def plan(route: Route, ctx: Context, hdr: RequestHeader, payload: memoryview, re
         batch = batch_of(route, request)
         assert batch is not None
         return _plan_batch(route, ctx, hdr, payload, request, batch)
-    return Forward(hdr, True, route, ctx, request, {keys[0]: whole(hdr, payload)}, merge)
+    return Forward(hdr, True, route, ctx, request, {keys[0]: whole(hdr, payload)}, merge, state=None)
 
 
-def merge(plan: Forward, answers: Answers) -> Reply:
+def merge(plan: Forward[None], answers: Answers) -> Reply:
     hdr = plan.header
     (coordinator, answer), *_ = answers.items()
     assert isinstance(coordinator, Coordinator)
@@ -121,7 +121,7 @@ def merge(plan: Forward, answers: Answers) -> Reply:
     return Reply(body)
 
 
-def _coordinator_error_body(route: Route, hdr: RequestHeader, request: Struct) -> Parts:
+def _coordinator_error_body(route: Route[Any], hdr: RequestHeader, request: Struct) -> Parts:
     """NOT_COORDINATOR for a coordinator we could not reach: the client looks it up again."""
     batch = batch_of(route, request)
     if batch is None:
@@ -150,7 +150,7 @@ def _batch_error_entry(hdr: RequestHeader, batch: Batch, request_entry: Any, cod
 # --- batched forms -------------------------------------------------------------------------------------
 
 
-def _plan_batch(route: Route, ctx: Context, hdr: RequestHeader, payload: memoryview, request: Struct, batch: Batch) -> Plan:
+def _plan_batch(route: Route[Any], ctx: Context, hdr: RequestHeader, payload: memoryview, request: Struct, batch: Batch) -> Plan:
     """One sub-request per coordinating broker, each keeping the client's order; merged back in that order.
 
     Keys whose coordinator is unknown are first resolved by the I/O layer, all
@@ -161,7 +161,7 @@ def _plan_batch(route: Route, ctx: Context, hdr: RequestHeader, payload: memoryv
     cache: they go to their own coordinator, looked up as they are sent.
     """
     by_destination: dict[Destination, list[Any]] = {}
-    keys_of: dict[Destination, set[Coordinator]] = {}
+    keys_of: KeysOf = {}
     unknown: set[Coordinator] = set()
     for e in request[batch.request_array]:
         c = Coordinator(batch.key_type, _batch_key(batch, e))
@@ -185,11 +185,15 @@ def _plan_batch(route: Route, ctx: Context, hdr: RequestHeader, payload: memoryv
     return forward
 
 
-def merge_batch(plan: Forward, answers: Answers) -> Reply:
+# Per destination, the groups or transactions its sub-request names.
+KeysOf = dict[Destination, set[Coordinator]]
+
+
+def merge_batch(plan: Forward[KeysOf], answers: Answers) -> Reply:
     hdr = plan.header
     batch = batch_of(plan.route, plan.request)
     assert batch is not None
-    keys_of: dict[Destination, set[Coordinator]] = plan.state
+    keys_of = plan.state
     # Per key, the answer's entries in order (a key the client named twice is answered twice).
     by_key: dict[str, deque[Struct]] = {}
     moved: set[Coordinator] = set()

@@ -13,12 +13,13 @@ from __future__ import annotations
 import uuid
 from collections.abc import Callable, Hashable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from ..kafka.schema import Struct, StructSpec
 
 TopicKey = str | uuid.UUID
 TopicPartition = tuple[TopicKey, int]
+T = TypeVar("T", bound=Hashable)  # where a partition goes (a broker id, for a split by leader)
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,8 +55,8 @@ class Layout:
 def split(
     message: Struct,
     layout: Layout,
-    route: Callable[[TopicKey, int], Hashable | None],
-) -> tuple[dict[Hashable, Struct], list[TopicPartition]]:
+    route: Callable[[TopicKey, int], T | None],
+) -> tuple[dict[T, Struct], list[TopicPartition]]:
     """Group the message's partitions by ``route`` (the leader), in client order.
 
     Each sub-message keeps every other field of the original verbatim. Returns
@@ -63,11 +64,11 @@ def split(
     """
     # Per target, topic entries in client order; a topic the client names twice
     # stays two entries, so every sub-request keeps the client's exact order.
-    by_target: dict[Hashable, list[Struct]] = {}
+    by_target: dict[T, list[Struct]] = {}
     unroutable: list[TopicPartition] = []
     for t in message[layout.topics]:
         key = t[layout.topic_key]
-        groups: dict[Hashable, list[Any]] = {}
+        groups: dict[T, list[Any]] = {}
         for p in t[layout.partitions]:
             index = layout.partition_index(p)
             target = route(key, index)
@@ -77,7 +78,7 @@ def split(
                 groups.setdefault(target, []).append(p)
         for target, ps in groups.items():
             by_target.setdefault(target, []).append({**t, layout.partitions: ps})
-    subs: dict[Hashable, Struct] = {}
+    subs: dict[T, Struct] = {}
     for target, topics in by_target.items():
         sub = dict(message)
         sub[layout.topics] = topics
@@ -88,7 +89,7 @@ def split(
 def merge(
     request: Struct,
     request_layout: Layout,
-    answers: Mapping[Hashable, Struct],
+    answers: Mapping[T, Struct],
     response_layout: Layout,
     error_of: Callable[[TopicPartition], int],
 ) -> list[Struct]:

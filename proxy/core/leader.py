@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
 from functools import cache
+from typing import Any
 
 from ..kafka import errors
 from ..kafka.headers import RequestHeader
@@ -26,7 +26,21 @@ from ..kafka.schema import Struct, encode_body, request_spec, response_spec
 from . import identity, layout
 from .answers import Decoded, decode_answers, passthrough_body, reencoded, whole
 from .layout import Layout, TopicKey, TopicPartition
-from .plan import Answers, Context, Destination, Forward, LocalReply, PartitionFields, Plan, RefreshTopology, Reply, Response, Route
+from .plan import (
+    Answers,
+    Context,
+    Destination,
+    Forward,
+    LeaderSplit,
+    LocalReply,
+    PartitionFields,
+    Plan,
+    RefreshTopology,
+    Reply,
+    Response,
+    Route,
+    SubRequest,
+)
 from .topology import Topology
 
 
@@ -48,33 +62,8 @@ def topic_name(topology: Topology, key: TopicKey) -> str | None:
     return topology.topic_name(key) if isinstance(key, uuid.UUID) else key
 
 
-@dataclass(slots=True)
-class LeaderSplit:
-    """A request split by leader: what the merge needs to answer every partition."""
-
-    request: Struct  # as sent (a Fetch's is rewritten to be sessionless)
-    request_layout: Layout
-    response_layout: Layout
-    by_leader: dict[Destination, Struct] = field(default_factory=dict)  # the sub-request bodies
-    # Where each partition went: its leader, or the replica in ``replicas``.
-    leader_of: dict[TopicPartition, Destination] = field(default_factory=dict)
-    replicas: dict[TopicPartition, int] = field(default_factory=dict)  # sent to this replica rather than the leader
-    unroutable: dict[TopicPartition, int] = field(default_factory=dict)  # -> the error it is answered with
-
-    def unknown_topics(self) -> set[TopicKey]:
-        """Topics the topology does not know (a refresh may find them), as opposed to leaderless ones."""
-        return {tp[0] for tp, code in self.unroutable.items() if code in _UNKNOWN}
-
-    def moved(self) -> bool:
-        """Partitions went unrouted for want of a leader (not for what the client sent): refresh the topology."""
-        return any(code in errors.LEADERSHIP for code in self.unroutable.values())
-
-
-_UNKNOWN = frozenset({errors.UNKNOWN_TOPIC_OR_PARTITION, errors.UNKNOWN_TOPIC_ID})
-
-
 def split(
-    route: Route,
+    route: Route[Any],
     ctx: Context,
     hdr: RequestHeader,
     request: Struct,
@@ -132,7 +121,7 @@ def split(
         route_to = to_known_or_stand_in
 
     by_leader, unroutable = layout.split(request, request_layout, route_to)
-    out = LeaderSplit(request, request_layout, response_layout, by_leader, replicas=replicas)  # type: ignore[arg-type]
+    out = LeaderSplit(request, request_layout, response_layout, by_leader, replicas=replicas)
     for tp in unroutable:
         if tp in refuse:
             out.unroutable[tp] = refuse[tp]
@@ -144,7 +133,7 @@ def split(
             out.unroutable[tp] = errors.UNKNOWN_TOPIC_ID if isinstance(tp[0], uuid.UUID) else errors.UNKNOWN_TOPIC_OR_PARTITION
     for destination, sub in by_leader.items():
         for tp in request_layout.keys(sub):
-            out.leader_of[tp] = destination  # type: ignore[assignment]
+            out.leader_of[tp] = destination
     return out
 
 
@@ -164,19 +153,21 @@ def _stand_in(ctx: Context) -> int | None:
     return min(ctx.topology.brokers)
 
 
-def sub_requests(hdr: RequestHeader, payload: memoryview, split: LeaderSplit, expect: bool, rewritten: bool = False) -> dict:
+def sub_requests(
+    hdr: RequestHeader, payload: memoryview, split: LeaderSplit, expect: bool, rewritten: bool = False
+) -> dict[Destination, SubRequest]:
     """One sub-request per leader; the client's own bytes when one leader has it all, unchanged."""
     if len(split.by_leader) == 1 and not split.unroutable and not rewritten:
         return {d: whole(hdr, payload, expect) for d in split.by_leader}
     return {d: reencoded(hdr, payload, sub, expect) for d, sub in split.by_leader.items()}
 
 
-def plan(route: Route, ctx: Context, hdr: RequestHeader, payload: memoryview, request: Struct) -> Plan:
+def plan(route: Route[Any], ctx: Context, hdr: RequestHeader, payload: memoryview, request: Struct) -> Plan:
     return plan_split(route, ctx, hdr, payload, split(route, ctx, hdr, request), expect=True)
 
 
 def plan_split(
-    route: Route,
+    route: Route[Any],
     ctx: Context,
     hdr: RequestHeader,
     payload: memoryview,
@@ -193,14 +184,14 @@ def plan_split(
         found.request,
         sub_requests(hdr, payload, found, expect),
         route.merge,
-        state=found,
         unknown_topics=found.unknown_topics(),
         refused=refused or {},
+        state=found,
     )
     return forward if forward.subs else unroutable_reply(forward)
 
 
-def unroutable_reply(forward: Forward) -> LocalReply:
+def unroutable_reply(forward: Forward[Any]) -> LocalReply:
     """Nothing routable: answer at once with per-partition errors."""
     reply = forward.merge(forward, {})
     return LocalReply(
@@ -213,9 +204,9 @@ def unroutable_reply(forward: Forward) -> LocalReply:
     )
 
 
-def merge(plan: Forward, answers: Answers) -> Reply:
+def merge(plan: Forward[LeaderSplit], answers: Answers) -> Reply:
     body, reply, decoded = merge_partitions(plan, answers)
-    found: LeaderSplit = plan.state
+    found = plan.state
     if _as_answered(plan, found, decoded, body, reply):
         # One broker answered the whole request, no error to act on: its body goes as it came.
         (answer,) = answers.values()
@@ -226,7 +217,7 @@ def merge(plan: Forward, answers: Answers) -> Reply:
     return reply
 
 
-def _as_answered(plan: Forward, found: LeaderSplit, decoded: Decoded, body: Struct, reply: Reply) -> bool:
+def _as_answered(plan: Forward[LeaderSplit], found: LeaderSplit, decoded: Decoded, body: Struct, reply: Reply) -> bool:
     """The merged body is the one broker's answer unchanged: nothing to rewrite or re-encode."""
     if len(decoded.bodies) != 1 or decoded.failed or decoded.waiting or found.unroutable or reply.errors or reply.effects:
         return False
@@ -238,13 +229,13 @@ def _as_answered(plan: Forward, found: LeaderSplit, decoded: Decoded, body: Stru
 
 
 def merge_partitions(
-    plan: Forward, answers: Answers, before_identity: Callable[[Struct, Decoded, Reply], None] | None = None
+    plan: Forward[LeaderSplit], answers: Answers, before_identity: Callable[[Struct, Decoded, Reply], None] | None = None
 ) -> tuple[Struct, Reply, Decoded]:
     """The merged response (decoded, to be finished by the caller), its effects, and the answers as read.
 
     ``before_identity``: reads the merged body while it still names brokers (a Fetch's preferred read replicas).
     """
-    found: LeaderSplit = plan.state
+    found = plan.state
     hdr = plan.header
     # An undecodable answer may still have been acted on (a Produce written).
     decoded = decode_answers(hdr, answers, plan.route.failure.code(written=True))
@@ -254,9 +245,11 @@ def merge_partitions(
         if tp in found.unroutable:
             return found.unroutable[tp]
         leader = found.leader_of.get(tp)
+        if leader is None:
+            return errors.NETWORK_EXCEPTION
         if leader in decoded.waiting:
             return errors.NONE  # not in yet: "no data yet", as an idle broker answers
-        return decoded.failed.get(leader, errors.NETWORK_EXCEPTION)  # type: ignore[arg-type]
+        return decoded.failed.get(leader, errors.NETWORK_EXCEPTION)
 
     topics = layout.merge(found.request, found.request_layout, decoded.bodies, response_layout, error_of)
     bodies = decoded.bodies
@@ -265,12 +258,14 @@ def merge_partitions(
     if "throttle_time" in body:
         body["throttle_time"] = max((d.get("throttle_time", 0) for d in bodies.values()), default=0)
     reply = Reply([])
-    for destination, d in bodies.items():
-        for _, p in response_layout.entries(d):
-            if isinstance(p, dict) and (code := p.get("error_code", 0)):
-                reply.errors[(code, destination)] += 1  # type: ignore[index]
-    for destination, code in decoded.failed.items():
-        reply.errors[(code, destination)] += 1  # type: ignore[index]
+    # Counted by the brokers the request was split to (a leader split's destinations are all brokers).
+    for broker in found.by_leader:
+        if (d := bodies.get(broker)) is not None:
+            for _, p in response_layout.entries(d):
+                if isinstance(p, dict) and (code := p.get("error_code", 0)):
+                    reply.errors[(code, broker)] += 1
+        if (code := decoded.failed.get(broker)) is not None:
+            reply.errors[(code, broker)] += 1
     for code in found.unroutable.values():
         reply.errors[(code, -1)] += 1
     if found.moved() or found.unknown_topics() or decoded.failed:

@@ -31,10 +31,12 @@ from .plan import Answers, Forward, Reply
 UNREACHABLE = "(unreachable broker)"
 
 
-def merge(plan: Forward, answers: Answers) -> Reply:
+def merge(plan: Forward[list[int]], answers: Answers) -> Reply:
     hdr = plan.header
+    array = plan.route.broadcast_array
+    assert array is not None
     spec = response_spec(hdr.api_key, hdr.api_version)
-    result_spec = spec.field("results").struct
+    result_spec = spec.field(array).struct
     assert result_spec is not None
     decoded = decode_answers(hdr, answers, errors.KAFKA_STORAGE_ERROR)
     results: list[Struct] = []
@@ -43,7 +45,7 @@ def merge(plan: Forward, answers: Answers) -> Reply:
         if body is None:
             results.append({**result_spec.blank(), "error_code": errors.KAFKA_STORAGE_ERROR, "log_dir": UNREACHABLE, "topics": []})
         else:
-            results.extend(body["results"])
+            results.extend(body[array])
     # A broker's own top-level error (an authorization failure) still reaches
     # the client; a broker that failed is in the list instead.
     throttle, error = fold_top_level(decoded.bodies.values())
@@ -51,7 +53,7 @@ def merge(plan: Forward, answers: Answers) -> Reply:
     out["throttle_time"] = throttle
     if "error_code" in out:
         out["error_code"] = error
-    out["results"] = distinct_names(results)
+    out[array] = distinct_names(results)
     return Reply(encode_body(spec, out))
 
 

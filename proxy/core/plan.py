@@ -17,14 +17,14 @@ import enum
 from collections import Counter
 from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import Any, Generic, Literal, NamedTuple, Self, TypeVar
 
 from ..kafka import errors
 from ..kafka.headers import RequestHeader
 from ..kafka.records import Invalid
-from ..kafka.schema import Struct
+from ..kafka.schema import Struct, StructSpec
 from ..kafka.wire import Parts
-from .layout import TopicKey, TopicPartition
+from .layout import Layout, TopicKey, TopicPartition
 from .read_replicas import ReadReplicaKey
 from .topology import Topology
 
@@ -274,29 +274,60 @@ class NeedCoordinators:
     cost: int = 0
 
 
-Merger = Callable[["Forward", Answers], Reply]
+@dataclass(slots=True)
+class LeaderSplit:
+    """A request split by partition leader (:mod:`.leader`): what the merge needs to answer every partition.
+
+    Its destinations are brokers, always: a partition goes to its leader, or
+    to a replica of it, never to a coordinator or any broker.
+    """
+
+    request: Struct  # as sent (a Fetch's is rewritten to be sessionless)
+    request_layout: Layout
+    response_layout: Layout
+    by_leader: dict[int, Struct] = field(default_factory=dict)  # the sub-request bodies
+    # Where each partition went: its leader, or the replica in ``replicas``.
+    leader_of: dict[TopicPartition, int] = field(default_factory=dict)
+    replicas: dict[TopicPartition, int] = field(default_factory=dict)  # sent to this replica rather than the leader
+    unroutable: dict[TopicPartition, int] = field(default_factory=dict)  # -> the error it is answered with
+
+    def unknown_topics(self) -> set[TopicKey]:
+        """Topics the topology does not know (a refresh may find them), as opposed to leaderless ones."""
+        return {tp[0] for tp, code in self.unroutable.items() if code in _UNKNOWN}
+
+    def moved(self) -> bool:
+        """Partitions went unrouted for want of a leader (not for what the client sent): refresh the topology."""
+        return any(code in errors.LEADERSHIP for code in self.unroutable.values())
+
+
+_UNKNOWN = frozenset({errors.UNKNOWN_TOPIC_OR_PARTITION, errors.UNKNOWN_TOPIC_ID})
+
+S = TypeVar("S")  # what a planner found that its merge needs (Forward.state)
+P = TypeVar("P", bound="Forward[Any]")  # the plan a merge takes
+Merger = Callable[[P, Answers], Reply]  # a plan's merge: the brokers' answers to the client's response
 
 
 @dataclass(slots=True)
-class Forward:
+class Forward(Generic[S]):
     """Sub-requests per destination, and the merge that answers the client from their answers."""
 
     header: RequestHeader
     expect_response: bool
-    route: Route  # the row it was planned by
+    route: Route[Any]  # the row it was planned by
     ctx: Context
     request: Struct  # the decoded client request
     subs: dict[Destination, SubRequest]
-    merge: Merger  # the route's merge, or the one its planner fell back to
-    state: Any = None  # what the merge needs beyond the request (its planner's findings)
+    merge: Merger[Self]  # the route's merge, or the one its planner fell back to
     unknown_topics: set[TopicKey] = field(default_factory=set)
     broker_wait_ms: int = 0  # how long the request itself lets a broker take before answering
     cost: int = 0  # memory the request holds while in flight: its frame plus its decoded form (estimated)
     refused: dict[TopicPartition, Invalid] = field(default_factory=dict)  # records refused before any broker saw them
+    # What the merge needs beyond the request (its planner's findings); always named, as each policy's differs.
+    state: S = field(kw_only=True)
 
 
 @dataclass(slots=True)
-class FetchForward(Forward):
+class FetchForward(Forward[LeaderSplit]):
     """A Fetch: answered once ``min_bytes`` are in, or at max_wait, as a broker would."""
 
     min_bytes: int = 1
@@ -306,7 +337,7 @@ class FetchForward(Forward):
     unusable_replicas: frozenset[ReadReplicaKey] = frozenset()
 
 
-Plan = LocalReply | NeedCoordinators | Forward
+Plan = LocalReply | NeedCoordinators | Forward[Any]
 
 
 # --- the facts a route row states about its API ---------------------------------------------
@@ -352,18 +383,34 @@ class BrokerFailure:
         return self.written if written else self.unwritten
 
 
-Planner = Callable[["Route", Context, RequestHeader, memoryview, Struct], Plan]
+# A route's planner; a local route's ``request`` is not decoded (empty): kfan answers from the header.
+Side = Literal["request", "response"]
+
+
+class Login(enum.Enum):
+    """A login API's part in kfan's login exchange with a client (SASL)."""
+
+    HANDSHAKE = "handshake"  # picks the mechanism (and, at v0, whether bare tokens follow)
+    AUTHENTICATE = "authenticate"  # carries the mechanism's tokens
+
+
+Planner = Callable[["Route[Any]", Context, RequestHeader, memoryview, Struct], Plan]
 KeyOf = Callable[[Struct], Coordinator | None]  # the group or transaction a request belongs to; None: any broker
-Rewriter = Callable[[Identity, Struct, Struct, Any], tuple[Struct, list[Effect]]]
+# An answer's identity rewrite: (kfan, the client's request, the broker's answer, the answer's schema) -> the
+# answer as kfan's, and the effects of what it said.
+Rewriter = Callable[[Identity, Struct, Struct, StructSpec], tuple[Struct, list[Effect]]]
 
 
 @dataclass(frozen=True, slots=True)
-class Route:
-    """Everything kfan knows about one API key: one row of :data:`proxy.core.routes.ROUTES`."""
+class Route(Generic[P]):
+    """Everything kfan knows about one API key: one row of :data:`proxy.core.routes.ROUTES`.
+
+    Generic in the plan its merge takes (its planner's :class:`Forward`, or a subclass).
+    """
 
     api: int
     plan: Planner
-    merge: Merger | None  # None: answered by kfan itself
+    merge: Merger[P] | None  # None: answered by kfan itself
     read_only: bool  # asking it again (retry, live replay) changes nothing on the cluster
     changes_topology: bool = False  # topics or partitions change: refresh the topology after it
     prefers_controller: bool = False  # ZooKeeper-era brokers serve it only on the controller
@@ -374,3 +421,14 @@ class Route:
     broadcast_array: str | None = None  # asked of every broker: the answer's array they are concatenated by
     broker_configs: str | None = None  # the answer's array of config resources (BROKER ones name kfan)
     failure: BrokerFailure = BrokerFailure()
+    versions: tuple[int, int] | None = None  # the versions kfan serves, where fewer than its schemas know
+    records: Side | None = None  # the messages that carry record batches (Produce's request, Fetch's answers)
+    # Its answers report partitions' watermarks, which a connection remembers for its next request (Fetch).
+    watermarks: bool = False
+    # A sub-request may be one sent ahead for an earlier request of the same partitions and offsets, reused (Fetch).
+    sent_ahead: bool = False
+    # When kfan authenticates its clients: may come before the client has logged in (ApiVersions, the login itself).
+    before_login: bool = False
+    # A login API (SASL): answered by the client connection's login exchange (:mod:`proxy.client_auth`), never
+    # planned, and served and advertised only when kfan authenticates its clients.
+    login: Login | None = None

@@ -14,6 +14,8 @@ know the fate of (see :data:`FAILURE`).
 
 from __future__ import annotations
 
+from typing import Any
+
 from ..kafka import errors
 from ..kafka.headers import RequestHeader
 from ..kafka.records import Invalid, check_records
@@ -29,7 +31,7 @@ from .plan import BrokerFailure, Context, Plan, Route
 FAILURE = BrokerFailure(written=errors.REQUEST_TIMED_OUT, unwritten=errors.NOT_LEADER_OR_FOLLOWER)
 
 
-def plan(route: Route, ctx: Context, hdr: RequestHeader, payload: memoryview, request: Struct) -> Plan:
+def plan(route: Route[Any], ctx: Context, hdr: RequestHeader, payload: memoryview, request: Struct) -> Plan:
     expect = request["acks"] != 0
     refused = invalid_records(request, leader.layouts_of(route, hdr.api_version)[0]) if ctx.validate_records else {}
     found = leader.split(route, ctx, hdr, request, {tp: bad.code for tp, bad in refused.items()})

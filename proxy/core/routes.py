@@ -13,6 +13,7 @@ once with the brokers' answers (:class:`~.plan.Forward`).
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Any
 
 from ..kafka import schema
 from ..kafka.apis import (
@@ -60,6 +61,8 @@ from ..kafka.apis import (
     OFFSET_FETCH,
     OFFSET_FOR_LEADER_EPOCH,
     PRODUCE,
+    SASL_AUTHENTICATE,
+    SASL_HANDSHAKE,
     SYNC_GROUP,
     TXN_OFFSET_COMMIT,
 )
@@ -67,7 +70,7 @@ from ..kafka.headers import parse_request_header
 from ..kafka.schema import Struct, decode_body_costed, request_spec
 from . import any_broker, broadcast, coordinator, fetch, identity, leader, local, log_dirs, produce
 from .coordinator import group_id, transactional_id, transactional_id_if_any, v3_transactional_id
-from .plan import Batch, Context, FieldPath, Forward, KeyType, PartitionFields, Plan, Route, Unsupported
+from .plan import Batch, Context, FieldPath, Forward, KeyType, Login, PartitionFields, Plan, Route, Unsupported
 
 GROUP, TXN = KeyType.GROUP, KeyType.TRANSACTION
 
@@ -77,12 +80,15 @@ def _fields(request: tuple[str, str, str | None], response: tuple[str, str, str 
 
 
 # fmt: off
-_ROWS = (
+_ROWS: tuple[Route[Any], ...] = (
     # local: answered by kfan
-    Route(API_VERSIONS, local.plan, None, read_only=True),
+    Route(API_VERSIONS, local.plan, None, read_only=True, before_login=True),
+    # login: when kfan authenticates its clients (SaslHandshake v0: bare SASL tokens follow; v1: SaslAuthenticate)
+    Route(SASL_HANDSHAKE, local.login, None, read_only=False, versions=(0, 1), before_login=True, login=Login.HANDSHAKE),
+    Route(SASL_AUTHENTICATE, local.login, None, read_only=False, versions=(0, 2), before_login=True, login=Login.AUTHENTICATE),
     # leader: split by partition leader, merged in client order
-    Route(PRODUCE, produce.plan, leader.merge, read_only=False, layout=_fields(("topic_data", "partition_data", "index"), ("responses", "partition_responses", "index")), failure=produce.FAILURE),
-    Route(FETCH, fetch.plan, fetch.merge, read_only=True, layout=_fields(("topics", "partitions", "partition"), ("responses", "partitions", "partition_index")), failure=fetch.FAILURE),  # type: ignore[arg-type]
+    Route(PRODUCE, produce.plan, leader.merge, read_only=False, layout=_fields(("topic_data", "partition_data", "index"), ("responses", "partition_responses", "index")), failure=produce.FAILURE, records="request"),
+    Route(FETCH, fetch.plan, fetch.merge, read_only=True, layout=_fields(("topics", "partitions", "partition"), ("responses", "partitions", "partition_index")), failure=fetch.FAILURE, records="response", watermarks=True, sent_ahead=True),
     Route(LIST_OFFSETS, leader.plan, leader.merge, read_only=True, layout=_fields(("topics", "partitions", "partition_index"), ("topics", "partitions", "partition_index"))),
     Route(OFFSET_FOR_LEADER_EPOCH, leader.plan, leader.merge, read_only=True, layout=_fields(("topics", "partitions", "partition"), ("topics", "partitions", "partition"))),
     Route(DELETE_RECORDS, leader.plan, leader.merge, read_only=False, layout=_fields(("topics", "partitions", "partition_index"), ("topics", "partitions", "partition_index"))),
@@ -135,33 +141,31 @@ _ROWS = (
     Route(DESCRIBE_USER_SCRAM_CREDENTIALS, any_broker.plan, any_broker.merge, read_only=True),
 )
 # fmt: on
-ROUTES: dict[int, Route] = {r.api: r for r in _ROWS}
-
-# The README's names for the planners' policies.
-_POLICIES = {
-    local.plan: "local",
-    leader.plan: "leader",
-    produce.plan: "leader",
-    fetch.plan: "leader",
-    coordinator.plan: "coordinator",
-    broadcast.plan: "every broker",
-    any_broker.plan: "any",
-}
+ROUTES: dict[int, Route[Any]] = {r.api: r for r in _ROWS}
 
 
-def policy(route: Route) -> str:
-    """The routing policy's name, as the README's API table gives it."""
-    return _POLICIES[route.plan]
+def served_versions(route: Route[Any]) -> tuple[int, int] | None:
+    """The versions kfan implements of a route's API: those its schemas know, within the row's ``versions``."""
+    known = schema.known_versions(route.api)
+    if known is None:
+        return None
+    lo, hi = known.start, known.stop - 1
+    if route.versions is not None:
+        lo, hi = max(lo, route.versions[0]), min(hi, route.versions[1])
+    return (lo, hi) if lo <= hi else None
 
 
-def advertised_versions(broker_versions: list[Mapping[int, tuple[int, int]]]) -> dict[int, tuple[int, int]]:
-    """What kfan implements, intersected with what every backend broker supports."""
+def advertised_versions(broker_versions: list[Mapping[int, tuple[int, int]]], *, logins: bool = False) -> dict[int, tuple[int, int]]:
+    """What kfan implements, intersected with what every backend broker supports.
+
+    ``logins``: kfan authenticates its clients, so it serves the login APIs too (itself: no broker is asked).
+    """
     out: dict[int, tuple[int, int]] = {}
     for api_key, route in ROUTES.items():
-        known = schema.known_versions(api_key)
-        if known is None:
+        served = served_versions(route)
+        if served is None or (route.login is not None and not logins):
             continue
-        lo, hi = known.start, known.stop - 1
+        lo, hi = served
         if route.merge is not None:  # forwarded: every broker must serve it too
             for versions in broker_versions:
                 if api_key not in versions:
@@ -207,7 +211,8 @@ def plan_request(ctx: Context, payload: bytes | memoryview) -> Plan:
     hdr = parse_request_header(payload)
     route = ROUTES.get(hdr.api_key)
     if route is not None and route.merge is None:
-        return route.plan(route, ctx, hdr, payload, None)  # type: ignore[arg-type]
+        # Answered from the header alone, undecoded: an ApiVersions kfan cannot decode still gets an answer.
+        return route.plan(route, ctx, hdr, payload, {})
     served = ctx.api_versions.get(hdr.api_key)
     if route is None or not hdr.known or served is None or not served[0] <= hdr.api_version <= served[1]:
         raise Unsupported(f"api_key {hdr.api_key} version {hdr.api_version} is not served")

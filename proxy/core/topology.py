@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -109,12 +109,6 @@ class Topology:
         if len(ids) == len(self.topic_ids):
             return self
         return Topology(self.brokers, self.leaders, ids, self.cluster_id, self.controller_id, self.isr)
-
-    def without_topics(self, names: Iterable[str]) -> Topology:
-        gone = set(names)
-        leaders = {k: v for k, v in self.leaders.items() if k not in gone}
-        isr = {k: v for k, v in self.isr.items() if k not in gone}
-        return Topology(self.brokers, leaders, self.topic_ids, self.cluster_id, self.controller_id, isr)
 
     def to_json(self) -> str:
         return json.dumps(

@@ -14,9 +14,9 @@ import struct
 from dataclasses import dataclass
 
 from . import schema
+from .apis import API_VERSIONS
 from .wire import Malformed, Reader, Writer
 
-API_VERSIONS = 18
 _CID = struct.Struct(">i")
 _KEY_VERSION = struct.Struct(">hh")
 
@@ -108,10 +108,6 @@ def correlation_id_of(payload: bytes | memoryview) -> int:
     if len(payload) < 4:
         raise Malformed("response shorter than its correlation id")
     return _CID.unpack_from(payload, 0)[0]
-
-
-def pack_correlation_id(correlation_id: int) -> bytes:
-    return _CID.pack(correlation_id)
 
 
 def request_head(api_key: int, api_version: int) -> bytes:

@@ -3,8 +3,9 @@
 kio carries Kafka's own message JSON schemas (as dataclasses) for every API
 and version Kafka 4 has; the older versions Kafka 4 removed come from
 ``removed_versions.json`` (Kafka 3.9's definitions, restated, with kio's
-names). This module reads those definitions once per (api, version) and
-builds a bounds-checked decoder and an encoder over plain dicts. We do not use
+names; :mod:`.removed_versions` reads it). This module compiles those
+definitions once per (api, version) into a bounds-checked decoder and an
+encoder over plain dicts. We do not use
 kio's own (Rust) decoder on client bytes: a huge array length aborts the
 process there, whereas here every count is checked against the bytes left.
 
@@ -18,20 +19,18 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
-import json
-import re
 import types
 import typing
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
-from importlib import resources
 from typing import Any
 
 from kio.index import load_request_schema, load_response_schema
 from kio.schema.index import api_key_map, schema_name_map
 
+from . import removed_versions
 from .wire import Malformed, Reader, Writer
 
 Struct = dict[str, Any]
@@ -369,70 +368,31 @@ def _encode_struct(spec: StructSpec, w: Writer, value: Struct) -> None:
 
 # --- versions Kafka 4 removed ----------------------------------------------
 #
-# kio carries Kafka 4's schemas, which dropped the oldest versions of a dozen
-# APIs (KIP-896) that brokers up to 3.9 still serve and older clients still
-# send. Those versions come from Kafka 3.9's definitions, restated as data in
-# removed_versions.json (its "notation" entry says how to read it).
-
-_FIELD = re.compile(r"(?P<name>\w+) (?P<type>\[\]\w*|\w+)(?P<null>\?)?(?: v(?P<lo>\d+)(?P<hi>\+|-\d+)?)?(?: =(?P<default>\S+))?")
+# Kafka 3.9's definitions of them, read by :mod:`.removed_versions`, compiled here as kio's are.
 
 
-@cache
-def _removed_apis() -> dict[int, dict[str, Any]]:
-    text = resources.files(__package__).joinpath("removed_versions.json").read_text(encoding="utf-8")
-    return {int(k): v for k, v in json.loads(text)["apis"].items()}
-
-
-def _removed_range(api_key: int) -> range | None:
-    api = _removed_apis().get(api_key)
-    if api is None:
-        return None
-    lo, hi = api["versions"].split("-")
-    return range(int(lo), int(hi) + 1)
-
-
-def _in_version(m: re.Match[str], version: int) -> bool:
-    if m["lo"] is None:
-        return True
-    lo = int(m["lo"])
-    hi = 1 << 15 if m["hi"] == "+" else lo if m["hi"] is None else int(m["hi"][1:])
-    return lo <= version <= hi
-
-
-def _removed_struct(owner: str, entries: list[Any], version: int) -> StructSpec:
-    fields: list[tuple[FieldSpec, int]] = []
-    for entry in entries:
-        head, children = next(iter(entry.items())) if isinstance(entry, dict) else (entry, None)
-        m = _FIELD.fullmatch(head)
-        if m is None:
-            raise ValueError(f"removed_versions.json: cannot read {head!r} in {owner}")
-        if not _in_version(m, version):
-            continue
-        array = m["type"].startswith("[]")
-        kafka_type = m["type"].removeprefix("[]") or None
-        sub = None if children is None else _removed_struct(m["name"].title().replace("_", ""), children, version)
-        has_default = m["default"] is not None
-        default = json.loads(m["default"]) if has_default else None
-        spec = _field(
-            owner,
-            m["name"],
-            kafka_type,
+def _compile_removed(struct: removed_versions.StructDef) -> StructSpec:
+    fields = [
+        _field(
+            struct.name,
+            f.name,
+            f.kafka_type,
             flexible=False,
-            nullable=bool(m["null"]),
-            array=array,
-            sub=sub,
-            default=default,
-            has_default=has_default,
+            nullable=f.nullable,
+            array=f.array,
+            sub=None if f.struct is None else _compile_removed(f.struct),
+            default=f.default,
+            has_default=f.has_default,
         )
-        fields.append(spec)
-    return _struct(owner, False, fields)
+        for f in struct.fields
+    ]
+    return _struct(struct.name, False, fields)
 
 
 @cache
 def removed_version_spec(api_key: int, version: int, kind: str) -> StructSpec:
     """The codec of a version Kafka 4 removed; ``kind`` is "request" or "response"."""
-    api = _removed_apis()[api_key]
-    return _removed_struct(f"{api['name']}{kind.title()}", api[kind], version)
+    return _compile_removed(removed_versions.message(api_key, version, kind))
 
 
 # --- per-API lookup -------------------------------------------------------
@@ -454,7 +414,7 @@ def _kio_ranges() -> dict[int, range]:
 def _known_ranges() -> dict[int, range]:
     out = dict(_kio_ranges())
     for api_key, kio in out.items():
-        removed = _removed_range(api_key)
+        removed = removed_versions.versions(api_key)
         if removed is not None:
             out[api_key] = range(min(removed.start, kio.start), kio.stop)
     return out

@@ -17,7 +17,7 @@ from typing import Any
 import jwt
 from cryptography.hazmat.primitives.asymmetric import ec, ed448, ed25519, rsa
 
-from proxy.security.sasl import SaslError
+from proxy.security.errors import SaslError
 
 _RSA_ALGORITHMS = frozenset({"RS256", "RS384", "RS512", "PS256", "PS384", "PS512"})
 _HMAC_ALGORITHMS = frozenset({"HS256", "HS384", "HS512"})

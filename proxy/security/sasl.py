@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 from scramp import ScramException, ScramMechanism
 from scramp.utils import ServerError
 
+from proxy.security.errors import SaslError
 from proxy.security.scram_client import KafkaScramClient
 from proxy.security.users import MIN_ITERATIONS, SCRAM_MECHANISMS, Users, VerifiedPasswords
 
@@ -58,10 +59,6 @@ BAD_CREDENTIALS = "invalid user name or password"
 # PLAIN passwords kept (as keyed hashes) once verified: a client that logs in
 # over and over costs one PBKDF2 derivation, not one a login.
 VERIFIED_PASSWORDS = 1024
-
-
-class SaslError(Exception):
-    """A peer's SASL message is malformed or fails a check; the message is safe to log (no password, no token)."""
 
 
 @dataclass(frozen=True)

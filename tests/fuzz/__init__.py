@@ -7,7 +7,7 @@ Two targets, both pure functions over bytes, seeded and reproducible:
   only exceptions allowed are :class:`proxy.kafka.wire.Malformed` and
   :class:`proxy.core.Unsupported`.
 * :mod:`tests.fuzz.broker_answers` — mutated broker answers through every
-  plan's merge, :func:`proxy.core.fetch.satisfied`,
+  plan's merge, :func:`tests.support.core_inputs.satisfied`,
   :func:`proxy.core.fetch.answer_watermarks` and the control plane's decoders; merges may
   raise only :class:`proxy.core.BrokerUnavailable`, the rest nothing but what
   their contract names.

@@ -10,7 +10,8 @@ version, nothing but a header, a failure (:class:`proxy.core.Failed` with an
 error code) or, for a Fetch, :data:`proxy.core.NOT_YET` (a sub-fetch not
 answered yet). The answers go through ``plan.merge`` (a Fetch's with the
 watermarks its connection remembers in its context) and, for Fetch,
-:func:`proxy.core.fetch.satisfied` and :func:`proxy.core.fetch.answer_watermarks`.
+:func:`tests.support.core_inputs.satisfied` (Fetch's waiting policy) and
+:func:`proxy.core.fetch.answer_watermarks`.
 The Metadata answer a merge asks to fold (:class:`proxy.core.FoldMetadata`)
 is folded into a :class:`Topology`, as the connection does, and the topology
 must survive its JSON form (captures).
@@ -49,12 +50,13 @@ from proxy.core import (
     Unsupported,
     Watermarks,
 )
-from proxy.core.fetch import answer_watermarks, satisfied
+from proxy.core.fetch import answer_watermarks
 from proxy.core.layout import TopicPartition
 from proxy.core.topology import Topology
 from proxy.kafka import apis, errors, schema
 from proxy.kafka.headers import response_header
 from proxy.kafka.wire import Malformed
+from tests.support.core_inputs import satisfied
 
 from .harness import HANG_SECONDS, Broken, Tally, api_label, check
 from .mutate import (

@@ -7,7 +7,7 @@
   exactly what its entries cost, and a key too long to cache is never kept.
 * ``inflight_fetches`` — a client's Fetches as kfan sees them, pipelined and
   left unread: sub-fetches recorded, reused, answered late, settled, expired
-  and replaced at random times on :class:`proxy.core.fetch.InflightFetches`.
+  and replaced at random times on :class:`proxy.core.fetch_wait.InflightFetches`.
   Every sub-fetch it stops holding is either handed back to its caller
   (settled, reused as hung) or reported evicted, once: none is dropped
   silently, or the bytes of its answer would stay counted (or uncounted) for ever;
@@ -22,7 +22,7 @@ from collections.abc import Callable
 
 from backends.coordinators import CoordinatorCache, entry_bytes
 from proxy.core import NOT_YET, Coordinator, Failed, KeyType
-from proxy.core.fetch import InflightFetches
+from proxy.core.fetch_wait import InflightFetches
 from proxy.core.plan import MAX_CACHED_KEY_CHARS, cacheable
 
 from .harness import HANG_SECONDS, Broken, Tally, check

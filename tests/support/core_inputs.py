@@ -1,14 +1,35 @@
 """What the sans-IO core tests feed the core: kfan's identity, three brokers, and every version kfan knows of each API it routes;
-and small readers of what the core gives back (a plan's body, a reply's effects)."""
+small readers of what the core gives back (a plan's body, a reply's effects, whether a Fetch is satisfied), and
+the README's name for each route's policy."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import TypeVar
 
-from proxy.core import ROUTES, BrokerAnswer, Destination, Effect, Forward, Identity, LocalReply, Plan, Reply
-from proxy.core.topology import Broker
+from proxy.core import (
+    ROUTES,
+    BrokerAnswer,
+    Destination,
+    Effect,
+    Forward,
+    Identity,
+    LocalReply,
+    Plan,
+    Reply,
+    Route,
+    any_broker,
+    broadcast,
+    coordinator,
+    fetch,
+    fetch_wait,
+    leader,
+    local,
+    produce,
+)
+from proxy.core.topology import Broker, Topology
 from proxy.kafka import schema
+from proxy.kafka.headers import RequestHeader
 from proxy.kafka.wire import Parts
 
 IDENTITY = Identity(node_id=42, host="kfan.example", port=19092)
@@ -30,3 +51,34 @@ E = TypeVar("E", bound=Effect)
 def effects_of(reply: Reply, kind: type[E]) -> list[E]:
     """The reply's effects of one kind, in order."""
     return [e for e in reply.effects if isinstance(e, kind)]
+
+
+def satisfied(hdr: RequestHeader, answers: Mapping[Destination, BrokerAnswer], min_bytes: int) -> bool:
+    """Would a broker answer this Fetch now: ``min_bytes`` of records in, or an error to report?"""
+    return fetch_wait.enough((fetch_wait.weigh(hdr, a) for a in answers.values()), min_bytes)
+
+
+def without_topics(topology: Topology, names: Iterable[str]) -> Topology:
+    """``topology`` as if these topics were deleted: their leaders and in-sync replicas gone."""
+    gone = set(names)
+    leaders = {k: v for k, v in topology.leaders.items() if k not in gone}
+    isr = {k: v for k, v in topology.isr.items() if k not in gone}
+    return Topology(topology.brokers, leaders, topology.topic_ids, topology.cluster_id, topology.controller_id, isr)
+
+
+# The README's names for the planners' policies.
+_POLICIES = {
+    local.plan: "local",
+    local.login: "local",  # answered by kfan's login exchange (when it authenticates clients)
+    leader.plan: "leader",
+    produce.plan: "leader",
+    fetch.plan: "leader",
+    coordinator.plan: "coordinator",
+    broadcast.plan: "every broker",
+    any_broker.plan: "any",
+}
+
+
+def policy(route: Route) -> str:
+    """The routing policy's name, as the README's API table gives it."""
+    return _POLICIES[route.plan]

@@ -8,18 +8,20 @@ core's bytes back, so that a case can be compared field by field.
 
 from __future__ import annotations
 
+import struct
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from proxy.core import Destination, Effect, Failed, FoldMetadata
 from proxy.kafka import schema
-from proxy.kafka.headers import decode_request, pack_correlation_id, request_head, request_header_tail, response_header
+from proxy.kafka.headers import decode_request, request_head, request_header_tail, response_header
 from proxy.kafka.schema import Struct, StructSpec
 
 WHOLE = "whole"  # a sub-request that is the client's own bytes, unchanged
 SAME = "same"  # a merged answer that is the one broker's answer body, byte for byte
 CLIENT_ID = "golden-client"
+_CID = struct.Struct(">i")
 
 
 @dataclass(frozen=True)
@@ -54,7 +56,7 @@ def filled(spec: StructSpec, value: Struct) -> Struct:
 def request_payload(api: int, version: int, body: Struct, correlation_id: int = 7) -> bytes:
     """A client request frame (no size prefix)."""
     spec = schema.request_spec(api, version)
-    head = request_head(api, version) + pack_correlation_id(correlation_id) + request_header_tail(api, version, CLIENT_ID)
+    head = request_head(api, version) + _CID.pack(correlation_id) + request_header_tail(api, version, CLIENT_ID)
     return head + b"".join(schema.encode_body(spec, filled(spec, body)))
 
 
@@ -71,7 +73,7 @@ def answer_payload(api: int, version: int, body: Struct, correlation_id: int = 0
 
 def decode_sub(api: int, version: int, tail: bytes) -> tuple[str | None, Struct]:
     """A sub-request's client id and decoded body, from its bytes after the correlation id."""
-    hdr, body = decode_request(request_head(api, version) + pack_correlation_id(0) + tail)
+    hdr, body = decode_request(request_head(api, version) + _CID.pack(0) + tail)
     assert (hdr.api_key, hdr.api_version) == (api, version)
     return hdr.client_id, body
 
