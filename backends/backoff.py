@@ -33,7 +33,7 @@ from typing import TypeVar
 
 import trio
 
-from proxy import metrics
+from proxy.runtime import metrics
 
 RECONNECT_BACKOFF_S = 0.05  # Kafka's reconnect.backoff.ms
 RECONNECT_BACKOFF_MAX_S = 1.0  # Kafka's reconnect.backoff.max.ms

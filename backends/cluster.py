@@ -4,7 +4,7 @@ Learns each broker's API versions at start (and so what kfan advertises),
 keeps the :class:`Topology` fresh (periodically, and at once when a request
 hit a leadership error: when and of whom it asks is :class:`Refresher`'s),
 knows which brokers are reachable (:class:`Brokers`), and takes in
-what merges learned (:mod:`proxy.effects` applies their effects). Its own requests go over its own links
+what merges learned (:mod:`proxy.server.effects` applies their effects). Its own requests go over its own links
 (:mod:`.control`); group and transaction coordinators are cached in
 :mod:`.coordinators`.
 
@@ -22,10 +22,10 @@ from typing import Any
 
 import trio
 
-from proxy import metrics
 from proxy.core import advertised_versions
 from proxy.core.read_replicas import ReadReplicaKey, ReadReplicas
 from proxy.core.topology import Topology
+from proxy.runtime import metrics
 
 from . import backoff
 from .control import ControlLinks, control_version

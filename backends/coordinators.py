@@ -26,12 +26,12 @@ from typing import Any, Protocol
 
 import trio
 
-from proxy import metrics
 from proxy.core import Coordinator
 from proxy.core.plan import cacheable
 from proxy.kafka import apis, errors
 from proxy.kafka.headers import decode_response
 from proxy.kafka.wire import Malformed
+from proxy.runtime import metrics
 
 from .link import LinkError
 

@@ -16,7 +16,7 @@ session the broker granted ends (KIP-368): the writer pauses, requests
 already sent are answered as usual, and nothing in flight fails.
 
 A client connection's links count every answer against its
-:class:`~proxy.budget.Budget` from arrival (:meth:`Pending.hold`, by the
+:class:`~proxy.runtime.budget.Budget` from arrival (:meth:`Pending.hold`, by the
 link's reading side, :class:`Receiver`) until its
 user consumes or drops it: an answer nobody waits for any more is dropped at
 once (:meth:`Pending.abandon`), and so is one for a sub-fetch nobody waits
@@ -34,15 +34,15 @@ from typing import Any
 
 import trio
 
-from proxy import metrics
-from proxy.budget import Budget
 from proxy.core import SubRequest
-from proxy.frame_io import receive_into, send_frame
 from proxy.kafka import schema
 from proxy.kafka.frames import DEFAULT_MAX_FRAME_BYTES, MIN_RESPONSE_FRAME, FrameReader, frame
 from proxy.kafka.headers import correlation_id_of, request_head, request_header_tail
 from proxy.kafka.wire import Malformed, Parts
-from proxy.reclaim import release_later
+from proxy.runtime import metrics
+from proxy.runtime.budget import Budget
+from proxy.runtime.frame_io import receive_into, send_frame
+from proxy.runtime.reclaim import release_later
 
 from . import backoff
 from .correlations import Correlations, UnknownCorrelationId

@@ -18,9 +18,9 @@ from typing import Any
 
 import trio
 
-from proxy.budget import Budget
 from proxy.core import ANY_BROKER, Coordinator, Destination, Failed
 from proxy.core.topology import Broker
+from proxy.runtime.budget import Budget
 from proxy.security.sasl import Credentials
 
 from . import backoff, transport

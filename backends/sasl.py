@@ -17,10 +17,10 @@ import logging
 from collections.abc import Callable
 from typing import TypeVar
 
-from proxy import metrics
 from proxy.kafka import apis, errors
 from proxy.kafka.headers import decode_response
 from proxy.kafka.wire import Malformed
+from proxy.runtime import metrics
 from proxy.security import offload
 from proxy.security.sasl import ClientExchange, Credentials, SaslError
 from proxy.security.users import SCRAM_MECHANISMS

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import trio
 
-from proxy import metrics
+from proxy.runtime import metrics
 from proxy.security.sasl import Credentials
 from proxy.security.tls import BrokerTLS
 

@@ -14,11 +14,11 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping
 
-from proxy import metrics
 from proxy.core.plan import Answers, Destination, Failed, Response
 from proxy.core.undecodable import Noted
 from proxy.kafka.apis import api_name
 from proxy.kafka.headers import RequestHeader
+from proxy.runtime import metrics
 
 from . import backoff
 from .link import Pending

@@ -4,8 +4,8 @@
   Kafka's schemas, frames, headers, API keys, error codes); stdlib and kio only.
 - :mod:`proxy.core`: the sans-IO core (the route table, one module per routing
   policy, identity rewriting, the topology snapshot); imports only proxy.kafka.
-- the trio layer: :mod:`proxy.connection` (one client), :mod:`proxy.forwarder`
-  (each request's owner) and the modules beside them, :mod:`proxy.server`,
+- the trio layer: :mod:`proxy.server.connection` (one client), :mod:`proxy.server.forwarder`
+  (each request's owner) and the modules beside them, :mod:`proxy.server.serve`,
   :mod:`proxy.cli`, which use everything, including the broker side in
   :mod:`backends`.
 

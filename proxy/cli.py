@@ -16,18 +16,20 @@ from typing import Any
 
 import trio
 
-from . import config, demo
-from .bench.options import add_arguments as add_bench_arguments
+from proxy.runtime.lifeline import LIFELINE_ENV, watch_lifeline
+from proxy.runtime.logs import setup_logging
+from proxy.runtime.metrics import ListenFailed
+from proxy.server import config
+from proxy.server.config import parse_address, parse_addresses
+from proxy.server.connection import Limits
+from proxy.server.prelogin import PreLoginLimits
+from proxy.server.security_options import security_from
+from proxy.server.serve import Running, ServerConfig, serve
+from proxy.server.workers import IGNORED_SIGHUP, run_workers
+from proxy.tools import demo
+from proxy.tools.bench.options import add_arguments as add_bench_arguments
+
 from .capture import CaptureConfig
-from .config import parse_address, parse_addresses
-from .connection import Limits
-from .lifeline import LIFELINE_ENV, watch_lifeline
-from .logs import setup_logging
-from .metrics import ListenFailed
-from .prelogin import PreLoginLimits
-from .security_options import security_from
-from .server import Running, ServerConfig, serve
-from .workers import IGNORED_SIGHUP, run_workers
 
 log = logging.getLogger("kfan")
 
@@ -131,14 +133,14 @@ def _replay(args: argparse.Namespace) -> int:
         argv += ["--spark-archive", args.spark_archive] if args.spark_archive else []
         status = spark_replay(argv)
     if args.target:
-        from .capture.live_replay import run
+        from proxy.tools.live_replay import run
 
         status = max(status, run(Path(args.capture), args.target, args.apis))
     return status
 
 
 def _capture_import(args: argparse.Namespace) -> int:
-    from .capture.pcap import import_pcap
+    from proxy.tools.pcap import import_pcap
 
     try:
         n = import_pcap(Path(args.pcap), set(args.port), Path(args.out))
@@ -332,7 +334,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _users_add(args)
     if args.command == "bench":
         try:
-            from .bench.run import run as bench
+            from proxy.tools.bench.run import run as bench
         except ModuleNotFoundError as e:  # the demo extra: bench drives confluent-kafka clients and the mock cluster
             raise SystemExit(f"kfan bench needs {e.name}: pip install 'kfan[demo]'") from e
 

@@ -36,9 +36,9 @@ from kio.schema.sasl_authenticate.v1 import SaslAuthenticateRequest
 from kio.schema.sasl_handshake.v1 import SaslHandshakeRequest
 from kio.schema.types import TopicName
 
-from backends.mock import MockCluster
-from proxy.bench.clients import record_batch
 from proxy.kafka import apis
+from proxy.tools.bench.clients import record_batch
+from proxy.tools.mock_cluster import MockCluster
 from tests.support.kfan import Kfan, start_kfan
 from tests.support.messages import request_bytes
 from tests.support.metrics import http_get, metrics_port_in, parse_samples

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, settings
 
-from backends.mock import MockCluster
+from proxy.tools.mock_cluster import MockCluster
 from tests.support.apache_kafka.cluster import KafkaCluster
 from tests.support.apache_kafka.distribution import KAFKA_3, KAFKA_4
 from tests.support.kcat import Kcat, KcatUnavailable, ensure_kcat

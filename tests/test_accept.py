@@ -27,10 +27,10 @@ from kio.schema.api_versions.v1.request import ApiVersionsRequest as ApiVersions
 from kio.schema.api_versions.v3.request import ApiVersionsRequest as ApiVersionsV3
 
 from backends import schemas
-from backends.mock import MockCluster
-from proxy import accept
 from proxy.kafka import apis, schema
 from proxy.kafka.preload import preload
+from proxy.server import accept
+from proxy.tools.mock_cluster import MockCluster
 from tests.support.kfan import Kfan, kfan_on
 from tests.support.rawclient import RawClient
 from tests.support.waiting import wait_for, wait_for_async

@@ -50,9 +50,9 @@ from kafka.protocol.admin import DescribeGroupsRequest as KpDescribeGroupsReques
 from kio.schema.types import BrokerId, GroupId, TopicName
 from kio.static.primitive import i8, i32, i32Timedelta, i64
 
-from backends.mock import MockCluster
 from proxy.core import ROUTES
 from proxy.kafka import apis, schema
+from proxy.tools.mock_cluster import MockCluster
 from tests.support.kfan import Kfan
 from tests.support.rawclient import RawClient
 from tests.support.tansu import Tansu

@@ -38,9 +38,9 @@ from kio.schema.metadata.v12.request import MetadataRequest, MetadataRequestTopi
 from kio.schema.produce.v9.request import PartitionProduceData, ProduceRequest, TopicProduceData
 
 from backends.link import CLIENT_ID as KFAN_CLIENT_ID
-from backends.mock import MockCluster
 from proxy.kafka import apis, errors, schema
 from proxy.kafka.headers import response_body_offset
+from proxy.tools.mock_cluster import MockCluster
 from tests.support.badbroker import BadBroker
 from tests.support.flows import Flow, Reports, check_in_order
 from tests.support.kfan import Kfan, start_kfan

@@ -1,4 +1,4 @@
-"""The memory budgets of :mod:`proxy.budget`, driven directly under trio, and what a
+"""The memory budgets of :mod:`proxy.runtime.budget`, driven directly under trio, and what a
 whole connection counts against them (over memory streams, on trio's MockClock).
 
 A connection's reader waits while its connection holds its limit (one
@@ -20,12 +20,12 @@ import pytest
 import trio
 import trio.testing
 
-from proxy.budget import POOL_FLOOR, Budget, MemoryPool
-from proxy.connection import ClientConnection, Limits
 from proxy.core.fetch_wait import InflightFetches
-from proxy.fetches import FETCH_AHEAD_TTL
 from proxy.kafka import apis
 from proxy.kafka.frames import FrameReader
+from proxy.runtime.budget import POOL_FLOOR, Budget, MemoryPool
+from proxy.server.connection import ClientConnection, Limits
+from proxy.server.fetches import FETCH_AHEAD_TTL
 from tests.support.memory_broker import BrokerRequest, MemoryBrokers
 from tests.support.records import record_batch
 from tests.test_connection import FETCH_V, IDENTITY, TEST_DEADLINE, TOPIC, Client, fetch, make_cluster

@@ -17,10 +17,10 @@ import trio
 import trio.testing
 
 from backends.link import Pending
-from proxy import frame_io
-from proxy.frame_io import BULK_TURNS, MAX_STEP, receive_into, send_frame
 from proxy.kafka.frames import MAPPED_FROM, FrameReader
-from proxy.reclaim import release_later
+from proxy.runtime import frame_io
+from proxy.runtime.frame_io import BULK_TURNS, MAX_STEP, receive_into, send_frame
+from proxy.runtime.reclaim import release_later
 from tests.support.waiting import wait_for, wait_for_async
 
 FRAME = 3 * 1024 * 1024

@@ -23,9 +23,9 @@ from kio.schema.metadata.v12.request import MetadataRequest
 from kio.schema.types import TopicName
 from kio.static.primitive import i32, i32Timedelta, i64
 
-from backends.mock import MockCluster
 from proxy.capture import COLUMNS, CaptureRow, read_capture, read_rows
 from proxy.kafka.headers import parse_request_header, response_body_offset
+from proxy.tools.mock_cluster import MockCluster
 from spark.checks import DEFAULT_CORE, check_exchange
 from tests.support.kfan import start_kfan
 from tests.support.kio_oracle import kio_decode

@@ -35,7 +35,7 @@ import yaml
 from kubernetes_validate.utils import latest_version
 
 from proxy.cli import build_parser
-from proxy.config import OPTIONS, resolve
+from proxy.server.config import OPTIONS, resolve
 from tests.support.certs import Authority
 from tests.support.kfan import SERVING
 from tests.support.processes import follow_output, free_port, stop_process

@@ -30,8 +30,8 @@ import pytest
 import yaml
 from kubernetes_validate.utils import latest_version
 
-from backends.mock import MockCluster
-from proxy.config import OPTIONS
+from proxy.server.config import OPTIONS
+from proxy.tools.mock_cluster import MockCluster
 from tests.support.kfan import start_kfan
 from tests.support.metrics import http_get, metrics_port_in, parse_samples
 

@@ -17,8 +17,8 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from backends.mock import MockCluster
 from proxy.kafka import apis, errors
+from proxy.tools.mock_cluster import MockCluster
 from tests.support.kfan import Kfan, start_kfan
 from tests.support.messages import request_bytes
 from tests.support.rawclient import RawClient

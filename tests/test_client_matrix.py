@@ -43,7 +43,7 @@ from functools import partial
 import pytest
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from backends.mock import MockCluster
+from proxy.tools.mock_cluster import MockCluster
 from tests.support.apache_kafka.cluster import KafkaCluster
 from tests.support.kcat import Consumed, Kcat, Row
 from tests.support.kfan import Kfan

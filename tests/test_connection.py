@@ -1,4 +1,4 @@
-"""A whole client connection (:class:`proxy.connection.ClientConnection`) over memory streams, on a fake clock.
+"""A whole client connection (:class:`proxy.server.connection.ClientConnection`) over memory streams, on a fake clock.
 
 The test is the client, on one end of ``trio.testing.memory_stream_pair()``;
 the connection serves the other end. Its broker links reach fake brokers
@@ -23,12 +23,12 @@ import trio
 import trio.testing
 
 from backends.cluster import Cluster
-from proxy.connection import ClientConnection, Limits
 from proxy.core import Context, Identity, advertised_versions, plan_request
 from proxy.core.topology import Broker, Topology
 from proxy.kafka import apis, errors
 from proxy.kafka.frames import MIN_RESPONSE_FRAME, FrameReader, frame
 from proxy.kafka.headers import correlation_id_of, decode_response
+from proxy.server.connection import ClientConnection, Limits
 from tests.support.memory_broker import BrokerRequest, CountingStream, MemoryBrokers
 from tests.support.messages import request_bytes
 from tests.support.records import record_batch

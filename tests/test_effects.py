@@ -1,4 +1,4 @@
-"""The one place effects are applied (:func:`proxy.effects.apply_effects`): each effect type reaches the one
+"""The one place effects are applied (:func:`proxy.server.effects.apply_effects`): each effect type reaches the one
 object that keeps what it says, in the order the merge gave them, and an effect type it has no case for is
 refused loudly instead of being ignored."""
 
@@ -24,7 +24,7 @@ from proxy.core import (
     RememberWatermarks,
     SubRequest,
 )
-from proxy.effects import apply_effects
+from proxy.server.effects import apply_effects
 
 GROUP = Coordinator(KeyType.GROUP, "orders")
 

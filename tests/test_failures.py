@@ -23,8 +23,8 @@ from typing import Any
 import trio
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Producer, TopicPartition
 
-from backends.mock import MockCluster
 from proxy.kafka import apis, errors
+from proxy.tools.mock_cluster import MockCluster
 from tests.support.flows import PARTITIONS, Flow, Reports, Row, check_in_order
 from tests.support.kfan import Kfan, kfan_on, start_kfan
 from tests.support.metrics import http_get, labels_of, metrics_port_in, parse_samples

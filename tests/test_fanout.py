@@ -8,7 +8,7 @@ from confluent_kafka import Consumer, Producer
 from kio.schema.list_offsets.v5.request import ListOffsetsPartition, ListOffsetsRequest, ListOffsetsTopic
 from kio.schema.metadata.v12.request import MetadataRequest, MetadataRequestTopic
 
-from backends.mock import MockCluster
+from proxy.tools.mock_cluster import MockCluster
 from tests.support.kfan import Kfan
 from tests.support.rawclient import RawClient
 from tests.support.records import produce_request

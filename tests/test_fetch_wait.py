@@ -1,6 +1,6 @@
 """When a Fetch is answered: the pure :class:`proxy.core.fetch_wait.FetchWait` and
 :class:`InflightFetches`, driven by hand with times passed as floats; and the
-thin trio loop over them (:func:`proxy.gather.gather_fetch`) on trio's MockClock.
+thin trio loop over them (:func:`proxy.server.gather.gather_fetch`) on trio's MockClock.
 
 The Fetch asks partition 0 (led by broker 1) and partition 1 (broker 2), with
 max_wait 0.5 s and a grace of 0.02 s for sub-fetches sent for it.
@@ -35,8 +35,8 @@ from proxy.core.fetch import records_end
 from proxy.core.fetch_wait import AskAgain, FetchWait, InflightFetches, Reuse
 from proxy.core.layout import TopicPartition
 from proxy.core.topology import Broker, Topology
-from proxy.gather import gather_fetch
 from proxy.kafka import apis, errors, schema
+from proxy.server.gather import gather_fetch
 from tests.support.messages import answer_bytes, request_bytes
 from tests.support.records import record_batch
 

@@ -25,7 +25,7 @@ from collections import defaultdict
 import pytest
 from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
 
-from backends.mock import MockCluster
+from proxy.tools.mock_cluster import MockCluster
 from tests.support.flows import PARTITIONS, Flow, Reports, check_in_order
 from tests.support.kfan import Kfan, kfan_on
 from tests.support.metrics import http_get, labels_of, metrics_port_in, parse_samples

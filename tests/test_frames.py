@@ -9,9 +9,9 @@ import trio
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from proxy.frame_io import JOIN_BELOW, receive_into, send_frame
 from proxy.kafka.frames import MAPPED_FROM, FrameReader, frame, frame_parts
 from proxy.kafka.wire import Malformed
+from proxy.runtime.frame_io import JOIN_BELOW, receive_into, send_frame
 
 
 @settings(max_examples=300, deadline=None)

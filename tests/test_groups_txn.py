@@ -6,7 +6,7 @@ import uuid
 
 from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 
-from backends.mock import MockCluster
+from proxy.tools.mock_cluster import MockCluster
 from tests.support.kfan import Kfan
 from tests.support.waiting import wait_for
 

@@ -25,9 +25,9 @@ from contextlib import contextmanager
 
 import pytest
 
-from backends.mock import MockCluster
 from proxy.kafka import apis
 from proxy.kafka.headers import decode_response
+from proxy.tools.mock_cluster import MockCluster
 from tests.support.kfan import Kfan, kfan_on
 from tests.support.messages import request_bytes
 from tests.support.metrics import http_get, labels_of, metrics_port_in, parse_samples

@@ -21,7 +21,6 @@ import pytest
 import backends.coordinators as coordinators_module
 from backends.cluster import Cluster
 from backends.coordinators import CoordinatorCache, Coordinators, entry_bytes
-from backends.mock import MockCluster
 from proxy.core import (
     ANY_BROKER,
     Context,
@@ -39,6 +38,7 @@ from proxy.core.read_replicas import MAX_RACK_CHARS, ReadReplicas
 from proxy.core.topology import Topology
 from proxy.kafka import apis, errors, schema
 from proxy.kafka.headers import decode_response
+from proxy.tools.mock_cluster import MockCluster
 from tests.support.core_inputs import ALL_VERSIONS, BROKERS, IDENTITY, effects_of
 from tests.support.kfan import Kfan, kfan_on, start_kfan
 from tests.support.messages import answer_bytes, request_bytes
@@ -139,7 +139,7 @@ class NoFetches:
 
 async def test_the_cluster_applies_coordinator_effects_to_the_connections_view() -> None:
     from proxy.core import ForgetCoordinators, LearnCoordinators
-    from proxy.effects import apply_effects
+    from proxy.server.effects import apply_effects
 
     cluster = Cluster([("127.0.0.1", 1)])
     cluster.topology = Topology(brokers=BROKERS)

@@ -32,36 +32,31 @@ from tests.support import ROOT
 STDLIB, THIRD_PARTY, ANY = "stdlib", "third-party", ("anything",)
 FIRST_PARTY = ("proxy", "backends", "spark", "tests")
 PACKAGES = ("proxy", "backends", "spark")  # the tree this test walks
-SHARED = ("proxy.kafka.*", "proxy.core.*", "proxy.metrics")  # what the broker side and the capture side may use
-# The trio layer that wires everything together (and the embedded cluster).
-TOP = ("proxy.cli", "proxy.server", "proxy.connection", "proxy.admission", "proxy.registry", "proxy.ordering", "proxy.forwarder",
-       "proxy.planning", "proxy.dispatch", "proxy.fetches", "proxy.effects", "proxy.broker_login", "proxy.gather", "proxy.workers",
-       "proxy.__main__", "proxy.config", "proxy.client_auth", "proxy.security_options", "backends.mock", "proxy.demo", "proxy.logs",
-       "proxy.lifeline")  # fmt: skip
+# The tools' optional dependencies (pyproject extras demo, pcap, spark): serving installs none of them.
+EXTRAS, TOOL_EXTRAS = ("confluent_kafka", "dpkt", "pyspark"), "the tools' extras"
+KAFKA, CORE, SECURITY, CAPTURE, RUNTIME = "proxy.kafka.*", "proxy.core.*", "proxy.security.*", "proxy.capture.*", "proxy.runtime.*"
 
+# The folders, from the bottom up; each may import the ones above it in this table
+# that it names, never one below. README "Architecture" states the same rule.
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("proxy", (STDLIB,)),  # the package itself: importing any proxy module runs it
-    ("proxy.kafka.*", (STDLIB, "kio.*", "crc32c", "proxy.kafka.*")),  # Kafka bytes (and their checksum)
-    ("proxy.core.*", (STDLIB, "kio.*", "proxy.kafka.*", "proxy.core.*")),  # the sans-IO core
-    ("proxy.security.*", (STDLIB, THIRD_PARTY, "proxy.security.*")),  # TLS contexts, SASL exchanges, users, tokens
+    (KAFKA, (STDLIB, "kio.*", "crc32c", KAFKA)),  # Kafka's bytes (and their checksum)
+    (CORE, (STDLIB, "kio.*", KAFKA, CORE)),  # the sans-IO core: the route table, splits and merges
+    (SECURITY, (STDLIB, THIRD_PARTY, SECURITY)),  # TLS contexts, SASL exchanges, users, tokens
+    (RUNTIME, (STDLIB, THIRD_PARTY, KAFKA, RUNTIME)),  # trio leaves: frames on streams, budgets, metrics, log text
+    (CAPTURE, (STDLIB, THIRD_PARTY, KAFKA, CORE, "proxy.runtime.metrics", CAPTURE)),  # capture rows and the recorder
+    ("backends.*", (STDLIB, THIRD_PARTY, KAFKA, CORE, SECURITY, RUNTIME, "backends.*")),  # kfan's side of the brokers
     (
-        "backends.*",
-        (STDLIB, THIRD_PARTY, *SHARED, "proxy.budget", "proxy.frame_io", "proxy.reclaim", "proxy.security.*", "backends.*"),
-    ),  # the broker side
-    ("proxy.frame_io", (STDLIB, THIRD_PARTY, "proxy.kafka.*")),  # frames on trio streams: gather writes, in-place reads
-    ("proxy.metrics", (STDLIB, THIRD_PARTY)),  # a leaf: the Prometheus families and the HTTP endpoint
-    ("proxy.budget", (STDLIB, THIRD_PARTY, "proxy.metrics")),  # nearly a leaf: the memory a client may make kfan hold
-    ("proxy.prelogin", (STDLIB, THIRD_PARTY, "proxy.metrics", "proxy.budget")),  # what a client not logged in yet may hold
-    ("proxy.accept", (STDLIB, THIRD_PARTY, "backends.backoff")),  # the accept loop: backs off and logs as broker failures do
-    ("proxy.logtext", (STDLIB,)),  # a leaf: client-chosen text made safe to log
-    ("proxy.reclaim", (STDLIB,)),  # a leaf: large buffers let go of off the event loop
-    ("proxy.capture.*", (STDLIB, THIRD_PARTY, *SHARED, "proxy.capture.*")),  # capture, pcap import, live replay
-    ("spark.*", (STDLIB, THIRD_PARTY, *SHARED, "proxy.capture.*", "spark.*")),  # the Spark replay job
+        "proxy.server.*",
+        (STDLIB, THIRD_PARTY, KAFKA, CORE, SECURITY, RUNTIME, CAPTURE, "backends.*", "proxy.server.*"),
+    ),  # the trio server: client connections, admission, forwarding, workers
     (
-        "proxy.bench.*",
-        (STDLIB, THIRD_PARTY, "proxy.kafka.*", "backends.mock", "proxy.bench.*"),
-    ),  # kfan bench: a client of kfan, from outside
-    *((top, ANY) for top in TOP),
+        "proxy.tools.*",
+        (STDLIB, THIRD_PARTY, TOOL_EXTRAS, KAFKA, CORE, RUNTIME, CAPTURE, "proxy.tools.*"),
+    ),  # bench, embedded cluster, demo, pcap
+    ("spark.*", (STDLIB, THIRD_PARTY, TOOL_EXTRAS, KAFKA, CORE, CAPTURE, "spark.*")),  # the Spark replay job
+    ("proxy.cli", ANY),  # the entry points wire everything together
+    ("proxy.__main__", ANY),
 ]
 
 
@@ -113,6 +108,8 @@ def allows(allowed: tuple[str, ...], imported: str) -> bool:
     top = imported.split(".")[0]
     if top in sys.stdlib_module_names:
         return STDLIB in allowed
+    if top in EXTRAS:
+        return TOOL_EXTRAS in allowed
     if top not in FIRST_PARTY and THIRD_PARTY in allowed:
         return True
     return any(matches(imported, a) for a in allowed if a not in (STDLIB, THIRD_PARTY))
@@ -130,6 +127,8 @@ def violations(graph: Mapping[str, set[str]]) -> list[str]:
         for name in sorted(imported):
             if matches(name, "tests.*"):
                 out.append(f"{module} -> {name} (nothing under {', '.join(p + '/' for p in PACKAGES)} imports tests)")
+            elif rules[layer] != ANY and name.split(".")[0] in EXTRAS and TOOL_EXTRAS not in rules[layer]:
+                out.append(f"{module} -> {name} ({name.split('.')[0]} is one of {TOOL_EXTRAS}, which serving does not install)")
             elif rules[layer] != ANY and not allows(rules[layer], name):
                 out.append(f"{module} -> {name} ({layer} may import only {', '.join(rules[layer])})")
     return out
@@ -162,6 +161,45 @@ def cycles(graph: Mapping[str, set[str]]) -> list[str]:
     return found
 
 
+def module_cycles(graph: Mapping[str, set[str]]) -> list[str]:
+    """Import cycles between modules (any import counts, lazy and ``TYPE_CHECKING`` ones too): each
+    strongly connected component of more than one module, as ``a <-> b <-> c``, its modules sorted.
+
+    An imported name resolves to the longest module of the graph it starts with
+    (``proxy.core.plan_request`` is ``proxy.core``)."""
+
+    def module_of(name: str) -> str | None:
+        parts = name.split(".")
+        return next((m for i in range(len(parts), 0, -1) if (m := ".".join(parts[:i])) in graph), None)
+
+    edges = {m: sorted({t for n in names if (t := module_of(n)) and t != m}) for m, names in graph.items()}
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[str] = []
+
+    def connect(v: str) -> None:  # Tarjan's algorithm; the tree is a few hundred modules deep at most
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in edges[v]:
+            if w not in index:
+                connect(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while (w := stack.pop()) != v:
+                component.append(w)
+            if component:
+                found.append(" <-> ".join(sorted([v, *component])))
+
+    for v in sorted(edges):
+        if v not in index:
+            connect(v)
+    return sorted(found)
+
+
 def test_imports_follow_the_layers() -> None:
     bad = violations(import_graph(source_modules()))
     assert not bad, f"{len(bad)} imports break the layers of tests/test_layers.py:\n" + "\n".join(bad)
@@ -172,6 +210,11 @@ def test_no_import_cycle_between_layers() -> None:
     assert not found, "import cycles between the layers of tests/test_layers.py:\n" + "\n".join(found)
 
 
+def test_no_import_cycle_between_modules() -> None:
+    found = module_cycles(import_graph(source_modules()))
+    assert not found, "import cycles between modules (lazy and TYPE_CHECKING imports count):\n" + "\n".join(found)
+
+
 def test_the_checker_reports_forbidden_imports_and_cycles() -> None:
     tree = {
         "proxy": ("", True),
@@ -180,19 +223,24 @@ def test_the_checker_reports_forbidden_imports_and_cycles() -> None:
         "proxy.kafka.x": ("import struct\nfrom . import wire\ndef f():\n    import trio\n", False),
         "proxy.core": ("from ..kafka import wire\nfrom .y import Y\n", True),
         "proxy.core.y": ("from ..kafka.wire import read\nif True:\n    from backends import link\n", False),
-        "proxy.server": ("from . import core\n", False),
+        "proxy.server": ("", True),
+        "proxy.server.serve": ("from ..core import plan_request\n", False),
         "proxy.cli": ("def main():\n    import spark.replay\n    from tests.support import ROOT\n", False),
         "proxy.stray": ("", False),
         "backends": ("", True),
-        "backends.link": ("import trio\nfrom proxy.core import plan_request\nfrom proxy import server\n", False),
+        "backends.link": ("import trio\nfrom proxy.core import plan_request\nfrom proxy.server import serve\n", False),
+        "backends.a": ("from . import b\nimport confluent_kafka\n", False),
+        "backends.b": ("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .a import A\n", False),
     }
     graph = import_graph(tree)
     assert graph["proxy.kafka.x"] == {"struct", "proxy.kafka.wire", "trio"}
     assert graph["proxy.core"] == {"proxy.kafka.wire", "proxy.core.y"}
     assert graph["proxy.core.y"] == {"proxy.kafka.wire", "backends.link"}
-    assert graph["backends.link"] == {"trio", "proxy.core.plan_request", "proxy.server"}
+    assert graph["backends.link"] == {"trio", "proxy.core.plan_request", "proxy.server.serve"}
+    assert graph["backends.b"] == {"typing", "backends.a"}
     assert violations(graph) == [
-        "backends.link -> proxy.server (backends.* may import only stdlib, third-party, proxy.kafka.*, proxy.core.*, proxy.metrics, proxy.budget, proxy.frame_io, proxy.reclaim, proxy.security.*, backends.*)",
+        "backends.a -> confluent_kafka (confluent_kafka is one of the tools' extras, which serving does not install)",
+        "backends.link -> proxy.server.serve (backends.* may import only stdlib, third-party, proxy.kafka.*, proxy.core.*, proxy.security.*, proxy.runtime.*, backends.*)",
         "proxy.cli -> tests.support (nothing under proxy/, backends/, spark/ imports tests)",
         "proxy.core.y -> backends.link (proxy.core.* may import only stdlib, kio.*, proxy.kafka.*, proxy.core.*)",
         "proxy.kafka.x -> trio (proxy.kafka.* may import only stdlib, kio.*, crc32c, proxy.kafka.*)",
@@ -200,4 +248,8 @@ def test_the_checker_reports_forbidden_imports_and_cycles() -> None:
     ]
     assert cycles(graph) == [
         "backends.* -> proxy.core.* -> backends.* (backends.link -> proxy.core.plan_request; proxy.core.y -> backends.link)",
-    ]  # backends.* -> proxy.server -> proxy.core.* -> backends.* too, not reported: proxy.core.* was done
+    ]  # backends.* -> proxy.server.* -> proxy.core.* -> backends.* too, not reported: proxy.core.* was done
+    assert module_cycles(graph) == [
+        "backends.a <-> backends.b",  # the TYPE_CHECKING import counts
+        "backends.link <-> proxy.core <-> proxy.core.y <-> proxy.server.serve",
+    ]

@@ -30,14 +30,14 @@ from kio.schema.metadata.v4 import MetadataRequest
 from kio.schema.sasl_authenticate.v1 import SaslAuthenticateRequest
 from kio.schema.sasl_handshake.v1 import SaslHandshakeRequest
 
-from backends.mock import MockCluster
-from proxy.client_auth import ClientAuthConfig, ClientSession
 from proxy.kafka.headers import response_body_offset
-from proxy.logtext import printable
+from proxy.runtime.logtext import printable
 from proxy.security import offload
 from proxy.security import users as users_module
 from proxy.security.sasl import MAX_AUTH_BYTES, MAX_TOKEN_BYTES, MAX_USER_NAME_BYTES, Authenticator, Credentials, SaslError
 from proxy.security.users import Users, VerifiedPasswords, add_user
+from proxy.server.client_auth import ClientAuthConfig, ClientSession
+from proxy.tools.mock_cluster import MockCluster
 from tests.support.kfan import Kfan, start_kfan
 from tests.support.kio_oracle import kio_decode, request_payload
 from tests.support.rawclient import CLOSED_WITHIN_S, RawClient

@@ -1,7 +1,7 @@
 """500 client connections at once through the real kfan process, started with a soft fd limit of 1024.
 
 Each connection produces a few records and fetches them back
-(:func:`proxy.bench.clients.many_clients`), and all of them are held open
+(:func:`proxy.tools.bench.clients.many_clients`), and all of them are held open
 together. kfan then holds more descriptors than 1024 (a client socket plus
 a link or more per broker each), so the one run shows both that every client
 is served and that ``kfan serve`` raised its own soft limit to the hard one.
@@ -18,9 +18,9 @@ from contextlib import contextmanager
 
 import pytest
 
-from backends.mock import MockCluster
-from proxy.bench.clients import many_clients
-from proxy.server import check_fd_capacity
+from proxy.server.serve import check_fd_capacity
+from proxy.tools.bench.clients import many_clients
+from proxy.tools.mock_cluster import MockCluster
 from tests.support.kfan import start_kfan
 from tests.support.metrics import http_get, metrics_port_in, parse_samples
 from tests.support.waiting import wait_for, wait_for_line

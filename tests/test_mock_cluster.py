@@ -1,4 +1,4 @@
-"""The embedded mock cluster (backends.mock) observed from outside: real clients and raw sockets.
+"""The embedded mock cluster (proxy.tools.mock_cluster) observed from outside: real clients and raw sockets.
 
 Each test builds its own cluster (about 10 ms) so that leader moves and
 injected faults cannot leak into other tests.
@@ -18,9 +18,9 @@ import pytest
 from confluent_kafka import Consumer, Producer
 from confluent_kafka.admin import AdminClient
 
-import backends.mock
-import backends.mock_lib
-from backends.mock import COMPAT_CAPS, MockCluster, MockError
+import proxy.tools.mock_cluster
+import proxy.tools.mock_lib
+from proxy.tools.mock_cluster import COMPAT_CAPS, MockCluster, MockError
 from tests.support.waiting import wait_for
 
 QUIET = {"log_level": 0}
@@ -271,7 +271,7 @@ def test_close_is_idempotent_and_guards_later_calls() -> None:
 
 def test_the_module_keeps_to_the_size_rules() -> None:
     # The project's rules (no class over 200 lines, no file over 500): the ctypes
-    # side of the cluster lives in backends/mock_lib.py, not in MockCluster.
+    # side of the cluster lives in proxy/tools/mock_lib.py, not in MockCluster.
     assert len(inspect.getsource(MockCluster).splitlines()) < 200
-    for module in (backends.mock, backends.mock_lib):
+    for module in (proxy.tools.mock_cluster, proxy.tools.mock_lib):
         assert len(inspect.getsource(module).splitlines()) <= 500, module.__name__

@@ -25,7 +25,7 @@ from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.net.connection import KafkaConnection
 from kafka.protocol.api_key import ApiKey
 
-from backends.mock import MockCluster
+from proxy.tools.mock_cluster import MockCluster
 from tests.support.apache_kafka.cluster import KafkaCluster
 from tests.support.kcat import Row
 from tests.support.kfan import Kfan

@@ -15,8 +15,8 @@ import uuid
 import pytest
 from confluent_kafka import Consumer, TopicPartition
 
-from backends.mock import MockCluster
 from proxy.kafka import apis, errors
+from proxy.tools.mock_cluster import MockCluster
 from tests.support.kfan import Kfan
 from tests.support.rawclient import RawClient
 from tests.support.records import legacy_set

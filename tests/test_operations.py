@@ -21,8 +21,8 @@ from pathlib import Path
 
 from confluent_kafka import Consumer, Producer, TopicPartition
 
-from backends.mock import MockCluster
-from proxy import config
+from proxy.server import config
+from proxy.tools.mock_cluster import MockCluster
 from tests.support import ROOT
 from tests.support.kfan import SERVING, start_kfan
 from tests.support.metrics import http_get, metrics_port_in, parse_samples

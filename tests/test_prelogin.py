@@ -25,7 +25,7 @@ from kio.schema.sasl_authenticate.v1 import SaslAuthenticateRequest
 from kio.schema.sasl_handshake.v1 import SaslHandshakeRequest
 from kio.schema.types import TopicName
 
-from backends.mock import MockCluster
+from proxy.tools.mock_cluster import MockCluster
 from tests.support.kfan import Kfan, start_kfan
 from tests.support.rawclient import CLOSED_WITHIN_S, RawClient
 from tests.support.secure_kfan import KfanSecrets, kfan_secrets

@@ -1,7 +1,7 @@
 """The kfan process under an unlucky operator: brokers gone, SIGHUP, a killed parent, a port in use.
 
 Each test runs the real `kfan serve` (tests/support/kfan.py) in front of a
-:class:`~backends.mock.MockCluster`:
+:class:`~proxy.tools.mock_cluster.MockCluster`:
 
 * the whole cluster down while clients produce: kfan backs off reconnecting
   (:mod:`backends.backoff`), so its connection attempts and log lines are
@@ -23,9 +23,9 @@ import time
 import uuid
 
 from backends.backoff import JITTER, RECONNECT_BACKOFF_MAX_S, RECONNECT_BACKOFF_S
-from backends.mock import MockCluster
-from proxy.bench.processes import ROOT
 from proxy.kafka import errors
+from proxy.tools.bench.processes import ROOT
+from proxy.tools.mock_cluster import MockCluster
 from tests.support.kfan import Kfan, kfan_on, start_kfan
 from tests.support.metrics import http_get, labels_of, metrics_port_in, parse_samples
 from tests.support.rawclient import RawClient

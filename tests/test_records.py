@@ -18,9 +18,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from kafka.record.default_records import DefaultRecordBatchBuilder
 
-from backends.mock import MockCluster
 from proxy.kafka import errors
 from proxy.kafka.records import Invalid, check_records
+from proxy.tools.mock_cluster import MockCluster
 from tests.support.kfan import Kfan, start_kfan
 from tests.support.metrics import http_get, metrics_port_in, parse_samples
 from tests.support.rawclient import RawClient

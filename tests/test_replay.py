@@ -42,9 +42,9 @@ from confluent_kafka import Consumer, Producer
 from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 
-from backends.mock import MockCluster
 from proxy.capture import CaptureRow, read_rows
-from proxy.capture.pcap import _packets as pcap_packets
+from proxy.tools.mock_cluster import MockCluster
+from proxy.tools.pcap import _packets as pcap_packets
 from tests.support import ROOT
 from tests.support.apt import ensure_command
 from tests.support.kfan import start_kfan
@@ -321,8 +321,8 @@ def test_live_replay_refuses_an_answer_whose_size_is_out_of_bounds() -> None:
     import socket
     import threading
 
-    from proxy.capture.live_replay import replay_live
     from proxy.kafka import apis
+    from proxy.tools.live_replay import replay_live
     from tests.support.messages import request_bytes
 
     listener = socket.create_server(("127.0.0.1", 0))

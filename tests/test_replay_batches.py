@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 from confluent_kafka import Consumer, Producer
 
-from backends.mock import MockCluster
 from proxy.capture import CaptureRow, read_rows
+from proxy.tools.mock_cluster import MockCluster
 from spark.checks import check_exchange
 from tests.support.apt import ensure_command
 from tests.support.kfan import start_kfan

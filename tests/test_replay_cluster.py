@@ -34,8 +34,8 @@ import pyspark
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 
-from backends.mock import MockCluster
 from proxy.capture import CaptureRow, read_rows
+from proxy.tools.mock_cluster import MockCluster
 from spark import ship
 from tests.support.apt import ensure_command
 from tests.support.kfan import start_kfan

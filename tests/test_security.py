@@ -22,10 +22,10 @@ import pytest
 from confluent_kafka import KafkaError, Producer
 from confluent_kafka.admin import AdminClient
 
-from backends.mock import MockCluster
-from proxy import config
 from proxy.security.users import Users
-from proxy.security_options import security_from
+from proxy.server import config
+from proxy.server.security_options import security_from
+from proxy.tools.mock_cluster import MockCluster
 from tests.support import ROOT
 from tests.support.certs import Authority
 from tests.support.client_security import ClientSecurity

@@ -12,7 +12,7 @@
 Boundaries: the core never imports this package; the connection only hands
 rows to :class:`Capture`. This package imports :mod:`proxy.kafka` (bytes)
 and :mod:`proxy.core` (the topology; the route table's read-only APIs for
-the live replay) only, plus :mod:`proxy.metrics` for the recorder's drop
+the live replay) only, plus :mod:`proxy.runtime.metrics` for the recorder's drop
 counter. The Spark replay checks live in ``spark/`` and read rows through
 :class:`CaptureRow`.
 """

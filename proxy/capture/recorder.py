@@ -16,7 +16,7 @@ from pathlib import Path
 
 import trio
 
-from proxy import metrics
+from proxy.runtime import metrics
 
 from .rows import DEFAULT_MAX_FILE_BYTES, DEFAULT_MAX_FILE_SECONDS, CaptureRow, FileWriter, scrubbed
 

@@ -1,5 +1,5 @@
 """When a Fetch is answered, and which sub-fetches in flight the next one reuses:
-pure objects the I/O layer drives (:mod:`proxy.gather`, :mod:`proxy.forwarder`),
+pure objects the I/O layer drives (:mod:`proxy.server.gather`, :mod:`proxy.server.forwarder`),
 on top of :mod:`.fetch`'s planning and merging.
 
 - :class:`FetchWait`: when one Fetch is answered. As a broker would: once

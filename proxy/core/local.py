@@ -7,7 +7,7 @@ UNSUPPORTED_VERSION, as a broker answers.
 
 The login APIs (SaslHandshake, SaslAuthenticate) are the client
 connection's own business: when kfan authenticates its clients, its login
-exchange (:mod:`proxy.client_auth`) answers them before anything is
+exchange (:mod:`proxy.server.client_auth`) answers them before anything is
 planned; otherwise they are not served (:func:`login`).
 """
 

@@ -429,6 +429,6 @@ class Route(Generic[P]):
     sent_ahead: bool = False
     # When kfan authenticates its clients: may come before the client has logged in (ApiVersions, the login itself).
     before_login: bool = False
-    # A login API (SASL): answered by the client connection's login exchange (:mod:`proxy.client_auth`), never
+    # A login API (SASL): answered by the client connection's login exchange (:mod:`proxy.server.client_auth`), never
     # planned, and served and advertised only when kfan authenticates its clients.
     login: Login | None = None

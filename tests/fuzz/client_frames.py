@@ -31,7 +31,7 @@ from proxy.kafka import schema
 from proxy.kafka.frames import DEFAULT_MAX_FRAME_BYTES, FrameReader, frame
 from proxy.kafka.headers import parse_request_header, peek_request, request_head
 from proxy.kafka.wire import Malformed
-from proxy.prelogin import PreLoginLimits
+from proxy.server.prelogin import PreLoginLimits
 
 from .harness import HANG_SECONDS, Broken, Tally, api_label, check
 from .mutate import mutate, reshape_request, valid_requests

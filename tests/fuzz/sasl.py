@@ -6,7 +6,7 @@
 * ``sasl_client`` — a broker's SASL answers, mutated, into kfan's client
   exchanges: ``ClientExchange.step`` raises only ``SaslError``.
 * ``sasl_session`` — SaslHandshake and SaslAuthenticate frames, mutated,
-  into a client connection's login state (:class:`proxy.client_auth.ClientSession`):
+  into a client connection's login state (:class:`proxy.server.client_auth.ClientSession`):
   only ``Refused`` or ``Malformed`` (the connection closes), or an answer.
 """
 
@@ -24,12 +24,12 @@ import jwt
 import trio
 from cryptography.hazmat.primitives.asymmetric import rsa
 
-from proxy.client_auth import ClientAuthConfig, ClientSession, Refused
 from proxy.kafka import apis
 from proxy.kafka.wire import Malformed
 from proxy.security.oauth import TokenValidator
 from proxy.security.sasl import MECHANISMS, Authenticator, ClientExchange, Credentials, SaslError
 from proxy.security.users import MIN_ITERATIONS, Users, derive
+from proxy.server.client_auth import ClientAuthConfig, ClientSession, Refused
 
 from .harness import HANG_SECONDS, Tally, check
 from .mutate import encode_request, mutate

@@ -35,7 +35,7 @@ mode and api key, so that a test can assert the fault was injected. Modes
 that do not apply to an answer (``unknown_tags`` on a non-flexible version,
 the Metadata modes on other APIs) leave it untouched and are not counted.
 
-To put it in front of broker ``b`` of a :class:`backends.mock.MockCluster`,
+To put it in front of broker ``b`` of a :class:`proxy.tools.mock_cluster.MockCluster`,
 start it on that broker's address and make the broker advertise the
 stand-in's port (``cluster.set_broker_address(b, "127.0.0.1", bad.port)``):
 whoever learns the cluster from Metadata then reaches ``b`` through it.

@@ -1,6 +1,6 @@
 """The real kfan process, as the integration tests start it: ``kfan serve`` on a free port.
 
-The launching itself lives in :mod:`proxy.bench.processes`, shared with ``kfan bench``.
+The launching itself lives in :mod:`proxy.tools.bench.processes`, shared with ``kfan bench``.
 """
 
 from __future__ import annotations
@@ -8,9 +8,9 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 
-from backends.mock import MockCluster
-from proxy.bench.processes import SERVING, Kfan
-from proxy.bench.processes import start_kfan as _start_kfan
+from proxy.tools.bench.processes import SERVING, Kfan
+from proxy.tools.bench.processes import start_kfan as _start_kfan
+from proxy.tools.mock_cluster import MockCluster
 
 __all__ = ["SERVING", "Kfan", "kfan_at", "kfan_for_session", "kfan_on", "start_kfan"]
 

@@ -1,6 +1,6 @@
 """Fake brokers over in-memory streams, for trio-level tests of a client connection.
 
-:class:`MemoryBrokers` is handed to :class:`proxy.connection.ClientConnection`
+:class:`MemoryBrokers` is handed to :class:`proxy.server.connection.ClientConnection`
 as its ``connect_broker``: every link the connection opens to a broker gets
 one end of a ``trio.testing.memory_stream_pair()``, and a task of the fake
 broker serves the other end. Nothing is answered on its own: each request the

@@ -65,7 +65,7 @@ def main() -> None:
     parser.add_argument("--topic", action="append", default=[])
     parser.add_argument("--advertise", action="append", default=[])
     args = parser.parse_args()
-    from backends.mock import MockCluster
+    from proxy.tools.mock_cluster import MockCluster
 
     with MockCluster(args.brokers) as mock:
         for spec in args.topic:

@@ -7,7 +7,7 @@ import socket
 from pathlib import Path
 
 # Shared with `kfan bench`, which starts kfan the same way.
-from proxy.bench.processes import follow_output, stop_process
+from proxy.tools.bench.processes import follow_output, stop_process
 
 __all__ = ["follow_output", "free_port", "stop_process"]
 

@@ -1,6 +1,6 @@
 """A 3-broker cluster reached only over TLS, with SASL required by the brokers' fronts.
 
-Per broker of a :class:`~backends.mock.MockCluster`::
+Per broker of a :class:`~proxy.tools.mock_cluster.MockCluster`::
 
     client --TLS--> stunnel4 --plaintext--> sasl_front --plaintext--> mock broker
 
@@ -29,7 +29,7 @@ from typing import Any
 import jwt
 from cryptography.hazmat.primitives.asymmetric import rsa
 
-from backends.mock import MockCluster
+from proxy.tools.mock_cluster import MockCluster
 from tests.support import ROOT
 from tests.support.certs import Authority, PemFiles
 from tests.support.processes import follow_output, stop_process

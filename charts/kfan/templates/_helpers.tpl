@@ -180,7 +180,7 @@ reach kfan, which re-reads the files.
 
 {{/*
 Security values that do not fit together are refused here, with the value
-names, before kfan would refuse them at start-up (proxy/security_options.py).
+names, before kfan would refuse them at start-up (proxy/server/security_options.py).
 Per-value checks (enums, a secretName where one is needed) are in
 values.schema.json.
 */}}
@@ -250,7 +250,7 @@ values.schema.json.
 
 {{/*
 kfan's environment, as a YAML map: every name is an option of `kfan serve`
-(proxy/config.py OPTIONS, KFAN_<FLAG>) or KFAN_CONFIG (the config file).
+(proxy/server/config.py OPTIONS, KFAN_<FLAG>) or KFAN_CONFIG (the config file).
 The chart sets the first group ($owned) from its values; extraEnv may add the
 second group and any non-KFAN_ name, nothing else. Every security option is
 in the first group whether it is used or not: those come from the values and
@@ -318,7 +318,7 @@ KFAN_METRICS_LISTEN binds the parent's metrics port and dies.
 {{- end }}
 {{- /* Limits and timeouts: (variable, value's name, value, int or seconds).
 Set only when given: null leaves kfan's own default in force, kept in one
-place (proxy/config.py). A value given owns its option from then on, so
+place (proxy/server/config.py). A value given owns its option from then on, so
 extraEnv and configFile may not set it as well (two places, one silently
 winning). Byte counts go through int64, not toString of the float64 Helm
 reads numbers as, which would write 1 GiB as 1.073741824e+09 and kfan's
@@ -443,7 +443,7 @@ int() refuses that. */}}
 The budgets of one pod that the dashboard and the alerts compare usage with,
 as a YAML map {bufferedBytes, connections}: the per-process limit times
 workers (each worker has its own). A limit left null is kfan's own default
-(proxy/config.py), restated here because kfan exports its usage but not its
+(proxy/server/config.py), restated here because kfan exports its usage but not its
 limits; the ConfigMap never passes these defaults to kfan, and
 tests/test_chart_observability.py keeps them equal to kfan's.
 */}}

@@ -9,7 +9,7 @@ happens in this module. Its states and what moves it between them:
   session says so (:class:`_Login`). Without SASL a
   connection starts logged in.
 - **reading**: frames are read continuously, each request handed once to
-  the :class:`~proxy.forwarder.Forwarder`, which owns it until its answer.
+  the :class:`~proxy.server.forwarder.Forwarder`, which owns it until its answer.
   The reader waits (and TCP pushes back on the client) while the requests in
   flight (:mod:`.ordering`) or the bytes held (frames arriving, requests in
   flight with their decoded form, responses unwritten; :mod:`.budget`) are at
@@ -45,22 +45,21 @@ import trio
 
 from backends.cluster import Cluster
 from backends.links import BrokerConnect, LinkPool
-
-from . import metrics
-from .broker_login import confirm_login
-from .budget import Budget, MemoryPool
-from .capture import Capture
-from .client_auth import Answer, ClientAuthConfig, ClientSession, Refused
-from .core import Identity
-from .forwarder import Forwarder, Unanswerable
-from .frame_io import receive_into, send_frame
-from .kafka.frames import MAPPED_FROM, FrameReader, FrameTooLarge
-from .kafka.headers import peek_request
-from .kafka.wire import Malformed
-from .ordering import ResponseOrderer, ResponseSlot
-from .prelogin import Admitted, PreLogin, PreLoginLimits, host_of
-from .reclaim import release_later
-from .security.tls import looks_like_tls
+from proxy.capture import Capture
+from proxy.core import Identity
+from proxy.kafka.frames import MAPPED_FROM, FrameReader, FrameTooLarge
+from proxy.kafka.headers import peek_request
+from proxy.kafka.wire import Malformed
+from proxy.runtime import metrics
+from proxy.runtime.budget import Budget, MemoryPool
+from proxy.runtime.frame_io import receive_into, send_frame
+from proxy.runtime.reclaim import release_later
+from proxy.security.tls import looks_like_tls
+from proxy.server.broker_login import confirm_login
+from proxy.server.client_auth import Answer, ClientAuthConfig, ClientSession, Refused
+from proxy.server.forwarder import Forwarder, Unanswerable
+from proxy.server.ordering import ResponseOrderer, ResponseSlot
+from proxy.server.prelogin import Admitted, PreLogin, PreLoginLimits, host_of
 
 log = logging.getLogger("kfan.connection")
 _ids = itertools.count(1)

@@ -19,9 +19,9 @@ from types import TracebackType
 
 import trio
 
-from . import metrics
-from .core.topology import Topology
-from .kafka.wire import Parts
+from proxy.core.topology import Topology
+from proxy.kafka.wire import Parts
+from proxy.runtime import metrics
 
 
 class ResponseSlot:

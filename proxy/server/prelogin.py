@@ -25,8 +25,8 @@ from dataclasses import dataclass
 
 import trio
 
-from . import metrics
-from .budget import MemoryPool
+from proxy.runtime import metrics
+from proxy.runtime.budget import MemoryPool
 
 log = logging.getLogger("kfan.connection")
 

@@ -7,7 +7,7 @@ The parent holds the port, starts the workers, serves /metrics with every
 worker's samples summed (prometheus-client's multiprocess mode, in a private
 temporary directory), and on SIGTERM passes the signal on and waits for each
 worker to drain. Each worker's stdin is a pipe from the parent (its lifeline,
-:data:`~proxy.lifeline.LIFELINE_ENV`): however the parent ends, SIGKILL included,
+:data:`~proxy.runtime.lifeline.LIFELINE_ENV`): however the parent ends, SIGKILL included,
 the workers see it close and stop, draining their clients.
 """
 
@@ -26,8 +26,9 @@ from typing import Any
 
 import trio
 
-from . import config, metrics
-from .lifeline import LIFELINE_ENV
+from proxy.runtime import metrics
+from proxy.runtime.lifeline import LIFELINE_ENV
+from proxy.server import config
 
 log = logging.getLogger("kfan.workers")
 

@@ -5,7 +5,7 @@
 
 Boundaries: it only counts and lists connections. Refusing connections past
 ``--max-connections`` is admission's (:mod:`.admission`); draining one is the
-connection's own (:meth:`proxy.connection.ClientConnection.drain`).
+connection's own (:meth:`proxy.server.connection.ClientConnection.drain`).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 import trio
 
 if TYPE_CHECKING:
-    from .connection import ClientConnection
+    from proxy.server.connection import ClientConnection
 
 
 class Connections:

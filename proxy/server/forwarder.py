@@ -32,12 +32,9 @@ from backends.cluster import Cluster
 from backends.link import Pending
 from backends.links import LinkPool
 from backends.undecodable import report_undecodable
-
-from . import metrics
-from .budget import Budget
-from .capture import Capture
-from .capture.rows import CaptureRow, topology_document
-from .core import (
+from proxy.capture import Capture
+from proxy.capture.rows import CaptureRow, topology_document
+from proxy.core import (
     ANY_BROKER,
     BrokerAnswer,
     BrokerUnavailable,
@@ -51,16 +48,18 @@ from .core import (
     Response,
     undecodable,
 )
-from .core.layout import TopicPartition
-from .dispatch import Dispatcher
-from .effects import apply_effects
-from .fetches import Fetches
-from .gather import Gathered, Handles
-from .kafka.headers import RequestHeader, response_header
-from .kafka.records import Invalid
-from .kafka.wire import Parts
-from .ordering import ResponseOrderer, ResponseSlot
-from .planning import Planner, Unanswerable
+from proxy.core.layout import TopicPartition
+from proxy.kafka.headers import RequestHeader, response_header
+from proxy.kafka.records import Invalid
+from proxy.kafka.wire import Parts
+from proxy.runtime import metrics
+from proxy.runtime.budget import Budget
+from proxy.server.dispatch import Dispatcher
+from proxy.server.effects import apply_effects
+from proxy.server.fetches import Fetches
+from proxy.server.gather import Gathered, Handles
+from proxy.server.ordering import ResponseOrderer, ResponseSlot
+from proxy.server.planning import Planner, Unanswerable
 
 log = logging.getLogger("kfan.connection")
 

@@ -20,7 +20,7 @@ refuses the client.
 
 Each step of an exchange (SASLprep, PBKDF2, SCRAM proofs, JWT signatures)
 runs in a worker thread behind the process's limiter (:mod:`proxy.security.offload`);
-what a client chose (mechanism, user name) is logged through :func:`~proxy.logtext.printable`.
+what a client chose (mechanism, user name) is logged through :func:`~proxy.runtime.logtext.printable`.
 """
 
 from __future__ import annotations
@@ -34,16 +34,16 @@ from typing import Any
 
 import trio
 
-from . import metrics
-from .core.plan import Login
-from .core.routes import ROUTES, served_versions
-from .kafka import apis, errors
-from .kafka.headers import decode_request, peek_request, response_header
-from .kafka.schema import encode_body, response_spec
-from .kafka.wire import Parts
-from .logtext import printable
-from .security import offload
-from .security.sasl import Authenticator, Credentials, ServerExchange, ServerStep
+from proxy.core.plan import Login
+from proxy.core.routes import ROUTES, served_versions
+from proxy.kafka import apis, errors
+from proxy.kafka.headers import decode_request, peek_request, response_header
+from proxy.kafka.schema import encode_body, response_spec
+from proxy.kafka.wire import Parts
+from proxy.runtime import metrics
+from proxy.runtime.logtext import printable
+from proxy.security import offload
+from proxy.security.sasl import Authenticator, Credentials, ServerExchange, ServerStep
 
 log = logging.getLogger("kfan.auth")
 

@@ -13,14 +13,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from backends.transport import BrokerSecurity
-
-from .client_auth import ClientAuthConfig
-from .security.credentials import configured_credentials
-from .security.files import WatchedFile
-from .security.oauth import TokenValidator, load_jwks
-from .security.sasl import Authenticator
-from .security.tls import BrokerTLS, ServerTLS
-from .security.users import Users
+from proxy.security.credentials import configured_credentials
+from proxy.security.files import WatchedFile
+from proxy.security.oauth import TokenValidator, load_jwks
+from proxy.security.sasl import Authenticator
+from proxy.security.tls import BrokerTLS, ServerTLS
+from proxy.security.users import Users
+from proxy.server.client_auth import ClientAuthConfig
 
 log = logging.getLogger("kfan.security")
 

@@ -1,6 +1,6 @@
-"""librdkafka for the embedded cluster (:mod:`backends.mock`): finding and loading it, its C signatures, and the handle that owns a mock cluster.
+"""librdkafka for the embedded cluster (:mod:`proxy.tools.mock_cluster`): finding and loading it, its C signatures, and the handle that owns a mock cluster.
 
-The ctypes side of :class:`~backends.mock.MockCluster`, apart from what the
+The ctypes side of :class:`~proxy.tools.mock_cluster.MockCluster`, apart from what the
 cluster does: here nothing knows of topics or brokers, only how to call the
 library without crashing the process (every pointer typed, every handle freed
 in the right order).

@@ -29,12 +29,11 @@ import trio
 
 from backends.link import Pending
 from backends.links import Lane, LinkPool
-
-from .budget import Budget
-from .core import BrokerAnswer, Destination, Failed, FetchAhead, FetchForward, Watermarks
-from .core.fetch_wait import InflightFetches, answer_ceilings
-from .core.layout import TopicPartition
-from .gather import Handles
+from proxy.core import BrokerAnswer, Destination, Failed, FetchAhead, FetchForward, Watermarks
+from proxy.core.fetch_wait import InflightFetches, answer_ceilings
+from proxy.core.layout import TopicPartition
+from proxy.runtime.budget import Budget
+from proxy.server.gather import Handles
 
 # How long an answered, unused sub-fetch may stand in for a new one: the
 # client's next Fetch normally follows at once; older data is fetched afresh.

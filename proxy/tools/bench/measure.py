@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 
-from .errors import BenchError
+from proxy.tools.bench.errors import BenchError
 
 Update = Callable[[str], None]
 

@@ -11,7 +11,7 @@ hung and its link closed, and a link's failure becomes the
 
 Boundaries: it merges nothing and applies no effect; what it learns on the
 way (a Fetch's watermarks) it returns. The request's owner
-(:class:`proxy.forwarder.Forwarder`) decides what happens next.
+(:class:`proxy.server.forwarder.Forwarder`) decides what happens next.
 """
 
 from __future__ import annotations
@@ -25,13 +25,12 @@ from backends.cluster import Cluster
 from backends.link import LinkError, Pending
 from backends.links import Lane, LinkPool
 from backends.sasl import AuthenticationFailed
-
-from . import metrics
-from .core import ANY_BROKER, BrokerAnswer, Destination, Failed, FetchForward, Forward, Response
-from .core.fetch_wait import FetchWait
-from .fetches import Fetches
-from .gather import FETCH_GRACE, Gathered, Handles, gather, gather_fetch
-from .kafka import errors
+from proxy.core import ANY_BROKER, BrokerAnswer, Destination, Failed, FetchForward, Forward, Response
+from proxy.core.fetch_wait import FetchWait
+from proxy.kafka import errors
+from proxy.runtime import metrics
+from proxy.server.fetches import Fetches
+from proxy.server.gather import FETCH_GRACE, Gathered, Handles, gather, gather_fetch
 
 log = logging.getLogger("kfan.connection")
 

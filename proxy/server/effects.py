@@ -18,8 +18,7 @@ from typing import Protocol, assert_never
 
 from backends.cluster import Cluster
 from backends.coordinators import Coordinators
-
-from .core import (
+from proxy.core import (
     Effect,
     FetchAhead,
     FoldMetadata,
@@ -31,11 +30,11 @@ from .core import (
     RememberWatermarks,
     Watermarks,
 )
-from .core.layout import TopicPartition
+from proxy.core.layout import TopicPartition
 
 
 class FetchMemory(Protocol):
-    """What one client connection keeps between its Fetches (:class:`proxy.fetches.Fetches`)."""
+    """What one client connection keeps between its Fetches (:class:`proxy.server.fetches.Fetches`)."""
 
     def remember_watermarks(self, watermarks: Mapping[TopicPartition, Watermarks]) -> None: ...
 

@@ -23,10 +23,9 @@ from dataclasses import dataclass, field
 from confluent_kafka import Consumer, Producer, TopicPartition
 
 from proxy.kafka.apis import FETCH
-
-from .errors import BenchError
-from .measure import Update
-from .processes import ROOT, start_kfan
+from proxy.tools.bench.errors import BenchError
+from proxy.tools.bench.measure import Update
+from proxy.tools.bench.processes import ROOT, start_kfan
 
 SLOW_MS = 300
 SLOW_BROKERS = (2, 3)
@@ -61,7 +60,7 @@ class _Path:
 
 def measure(records: int, update: Update) -> dict[str, list[float]]:
     """Produce-to-consume latencies (ms) of ``records`` partition-0 records per path ("direct", "kfan")."""
-    from backends.mock import MockCluster
+    from proxy.tools.mock_cluster import MockCluster
 
     with MockCluster(3) as mock:
         tag = uuid.uuid4().hex[:8]

@@ -18,17 +18,16 @@ from functools import partial
 import trio
 
 from backends.cluster import Cluster
-
-from . import metrics
-from .accept import serve_listeners
-from .admission import serve_client
-from .budget import MemoryPool
-from .capture import Capture, CaptureConfig
-from .connection import Limits
-from .core import Identity
-from .prelogin import PreLogin
-from .registry import Connections
-from .security_options import Security
+from proxy.capture import Capture, CaptureConfig
+from proxy.core import Identity
+from proxy.runtime import metrics
+from proxy.runtime.budget import MemoryPool
+from proxy.server.accept import serve_listeners
+from proxy.server.admission import serve_client
+from proxy.server.connection import Limits
+from proxy.server.prelogin import PreLogin
+from proxy.server.registry import Connections
+from proxy.server.security_options import Security
 
 log = logging.getLogger("kfan.server")
 
@@ -148,7 +147,7 @@ def _limit_text(n: int) -> str:
 async def _listen(host: str, port: int, reuse_port: bool) -> trio.SocketListener:
     """A listening socket; with ``reuse_port`` several processes share the port and the kernel spreads connections.
 
-    An address that cannot be bound is :class:`~proxy.metrics.ListenFailed`: the CLI says so in one line."""
+    An address that cannot be bound is :class:`~proxy.runtime.metrics.ListenFailed`: the CLI says so in one line."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = trio.socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)

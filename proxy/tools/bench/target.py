@@ -28,8 +28,7 @@ from proxy.kafka import apis
 from proxy.kafka.frames import MIN_RESPONSE_FRAME, FrameReader, frame
 from proxy.kafka.headers import decode_response, encode_request_header
 from proxy.kafka.wire import Malformed
-
-from .errors import BenchError
+from proxy.tools.bench.errors import BenchError
 
 EMBEDDED_BROKERS = 3
 TOPIC_READY_TIMEOUT_S = 30.0
@@ -53,7 +52,7 @@ def new_topic_name() -> str:
 @contextmanager
 def embedded(partitions: int) -> Iterator[Target]:
     """The mock cluster in this process, with a fresh topic of ``partitions`` partitions; closed on exit."""
-    from backends.mock import MockCluster
+    from proxy.tools.mock_cluster import MockCluster
 
     with MockCluster(EMBEDDED_BROKERS) as mock:
         topic = new_topic_name()

@@ -2,7 +2,7 @@
 
 With ``--broker-identity client`` kfan's broker links log in as the client.
 :func:`confirm_login` is the check its SASL session
-(:class:`proxy.client_auth.ClientSession`) makes before answering a login:
+(:class:`proxy.server.client_auth.ClientSession`) makes before answering a login:
 one of the connection's links logs in with the new credentials, and the
 broker's verdict is the client's.
 

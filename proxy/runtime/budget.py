@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import trio
 
-from . import metrics
+from proxy.runtime import metrics
 
 # Below this, a connection reads even when the process is over its cap: enough
 # for ordinary small requests, so light clients are not starved by heavy ones.

@@ -11,7 +11,7 @@ This module only starts, shapes and stops that cluster (topics, leaders,
 broker up/down, latency, injected errors, coordinators, API version caps). It
 does not speak the Kafka protocol itself and knows nothing about the proxy.
 Loading librdkafka, its C signatures and the handle that owns the cluster
-are in :mod:`backends.mock_lib`.
+are in :mod:`proxy.tools.mock_lib`.
 
 Threading and lifetime: the brokers run in librdkafka background threads
 inside *this* process. The process must stay alive for as long as anything
@@ -25,7 +25,7 @@ from __future__ import annotations
 import ctypes
 from types import TracebackType
 
-from .mock_lib import MockError, broker_addresses, close_cluster, error_text, find_librdkafka, load, open_cluster
+from proxy.tools.mock_lib import MockError, broker_addresses, close_cluster, error_text, find_librdkafka, load, open_cluster
 
 __all__ = ["COMPAT_CAPS", "MockCluster", "MockError", "find_librdkafka"]
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import trio
 
-from .lifeline import LIFELINE_ENV
+from proxy.runtime.lifeline import LIFELINE_ENV
 
 log = logging.getLogger("kfan")
 
@@ -193,7 +193,7 @@ Ctrl-C stops it.
 
 def run_cluster(args: argparse.Namespace, until_signal: Callable[[Callable[[trio.Nursery], Awaitable[None]]], Awaitable[None]]) -> int:
     """`kfan cluster`: librdkafka's mock brokers until a signal (``until_signal``: the CLI's, with its lifeline)."""
-    from backends.mock import MockCluster
+    from proxy.tools.mock_cluster import MockCluster
 
     with MockCluster(args.brokers) as mock:
         for name, partitions in args.topic:

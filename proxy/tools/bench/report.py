@@ -14,7 +14,7 @@ import statistics
 from collections.abc import Sequence
 from typing import Any
 
-from .measure import Moved
+from proxy.tools.bench.measure import Moved
 
 Result = dict[str, Any]
 

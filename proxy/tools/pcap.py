@@ -27,13 +27,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
 
+from proxy.capture.rows import CaptureRow, FileWriter, topology_document
 from proxy.core.topology import Topology
 from proxy.kafka import apis
 from proxy.kafka.frames import DEFAULT_MAX_FRAME_BYTES, MIN_REQUEST_FRAME, MIN_RESPONSE_FRAME, FrameReader
 from proxy.kafka.headers import decode_response, parse_request_header
 from proxy.kafka.wire import Malformed
-
-from .rows import CaptureRow, FileWriter, topology_document
 
 log = logging.getLogger("kfan.pcap")
 

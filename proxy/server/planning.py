@@ -22,11 +22,10 @@ import trio
 
 from backends.cluster import Cluster
 from backends.links import LinkPool
-
-from .core import Context, Forward, Identity, LocalReply, NeedCoordinators, Plan, Unsupported, plan_request
-from .fetches import Fetches
-from .kafka.headers import peek_request
-from .kafka.wire import Malformed
+from proxy.core import Context, Forward, Identity, LocalReply, NeedCoordinators, Plan, Unsupported, plan_request
+from proxy.kafka.headers import peek_request
+from proxy.kafka.wire import Malformed
+from proxy.server.fetches import Fetches
 
 log = logging.getLogger("kfan.connection")
 

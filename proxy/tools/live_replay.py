@@ -23,13 +23,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from proxy.capture.rows import CaptureRow, read_rows
 from proxy.core import ROUTES
 from proxy.kafka.apis import api_name
 from proxy.kafka.frames import DEFAULT_MAX_FRAME_BYTES, MIN_RESPONSE_FRAME, FrameReader, frame
 from proxy.kafka.headers import decode_response
 from proxy.kafka.wire import Malformed
-
-from .rows import CaptureRow, read_rows
 
 # Fields that name what an entry answers for; kept in the compared structure.
 _NAMES = frozenset(

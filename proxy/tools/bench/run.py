@@ -18,11 +18,11 @@ import time
 from contextlib import AbstractContextManager, ExitStack
 from typing import TextIO
 
-from . import measure, report, slow_fetch
-from .errors import BenchError
-from .measure import Moved
-from .processes import ROOT, SERVING, Kfan, cpu_seconds, start_kfan
-from .target import Target, embedded, external
+from proxy.tools.bench import measure, report, slow_fetch
+from proxy.tools.bench.errors import BenchError
+from proxy.tools.bench.measure import Moved
+from proxy.tools.bench.processes import ROOT, SERVING, Kfan, cpu_seconds, start_kfan
+from proxy.tools.bench.target import Target, embedded, external
 
 PATHS = ("direct", "kfan")
 # librdkafka's mock keeps about 5 MB per partition and drops older records: a
@@ -236,7 +236,7 @@ def _throughput(
 
 def _many_clients(args: argparse.Namespace, target: Target, kfan: Kfan, progress: Progress) -> report.Result:
     try:
-        from .clients import many_clients
+        from proxy.tools.bench.clients import many_clients
     except ImportError as e:
         raise BenchError(f"--clients: the many-clients phase is not available ({e})") from None
     progress.start("clients", f"{args.clients} connections to kfan at once")

@@ -16,7 +16,7 @@ from collections.abc import Iterable
 
 import trio
 
-from .kafka.frames import MAPPED_FROM, FrameReader, frame_parts
+from proxy.kafka.frames import MAPPED_FROM, FrameReader, frame_parts
 
 # Below this a frame is joined: one copy of a few KiB costs less than a scatter list.
 JOIN_BELOW = 16 * 1024

@@ -6,7 +6,7 @@
 handshake), a connection counts against its address's cap of connections not
 logged in yet (:mod:`.prelogin`). On a TLS listener it must complete its
 handshake within ``frame_timeout``; its certificate names its principal.
-Then it is served (:class:`proxy.connection.ClientConnection`) and counted in
+Then it is served (:class:`proxy.server.connection.ClientConnection`) and counted in
 the registry (:mod:`.registry`) while it runs.
 
 Boundaries: what happens once a connection is served, its login included,
@@ -21,16 +21,15 @@ import math
 import trio
 
 from backends.cluster import Cluster
-
-from . import metrics
-from .budget import MemoryPool
-from .capture import Capture
-from .client_auth import ClientAuthConfig
-from .connection import ClientConnection, Limits
-from .core import Identity
-from .prelogin import Admitted, PreLogin, host_of
-from .registry import Connections
-from .security.tls import ServerTLS, principal_of
+from proxy.capture import Capture
+from proxy.core import Identity
+from proxy.runtime import metrics
+from proxy.runtime.budget import MemoryPool
+from proxy.security.tls import ServerTLS, principal_of
+from proxy.server.client_auth import ClientAuthConfig
+from proxy.server.connection import ClientConnection, Limits
+from proxy.server.prelogin import Admitted, PreLogin, host_of
+from proxy.server.registry import Connections
 
 log = logging.getLogger("kfan.connection")
 _refused_logged_at = -math.inf  # when a refusal past --max-connections was last logged

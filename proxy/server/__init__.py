@@ -1,0 +1,1 @@
+"""The trio server: client connections, admission, forwarding to the broker side, workers."""
