@@ -29,11 +29,10 @@ class WatchedFile(Generic[T]):
     def __init__(self, path: Path | str, load: Callable[[Path], T]) -> None:
         self.path = Path(path)
         self._load = load
-        self._stamp: tuple[int, int, int, int] | None = None
-        self._checked_at = -float("inf")
-        self._value: T | None = None
-        self._loaded = False
-        self.value()  # a file that cannot be read at start is a configuration error: raise now
+        # A file that cannot be read at start is a configuration error: raise now.
+        self._stamp: tuple[int, int, int, int] | None = self._stat()
+        self._value: T = load(self.path)
+        self._checked_at = time.monotonic()
 
     def _stat(self) -> tuple[int, int, int, int]:
         st = os.stat(self.path)  # follows symlinks: a Secret's ..data swap changes the inode
@@ -41,20 +40,17 @@ class WatchedFile(Generic[T]):
 
     def value(self) -> T:
         now = time.monotonic()
-        if self._loaded and now - self._checked_at < CHECK_INTERVAL:
-            return self._value  # type: ignore[return-value]
+        if now - self._checked_at < CHECK_INTERVAL:
+            return self._value
         self._checked_at = now
         try:
             stamp = self._stat()
-            if not self._loaded or stamp != self._stamp:
+            if stamp != self._stamp:
                 self._value = self._load(self.path)
                 self._stamp = stamp
-                self._loaded = True
         except Exception as e:
-            if not self._loaded:
-                raise
             log.warning("cannot load %s, keeping its previous version: %r", self.path, e)
-        return self._value  # type: ignore[return-value]
+        return self._value
 
     @property
     def stamp(self) -> tuple[int, int, int, int] | None:

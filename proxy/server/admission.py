@@ -137,8 +137,10 @@ def peer_of(stream: trio.abc.Stream) -> str:
     while isinstance(stream, trio.SSLStream):
         stream = stream.transport_stream
     sock = getattr(stream, "socket", None)
+    if sock is None:
+        return "?"
     try:
-        host, port = sock.getpeername()[:2]  # type: ignore[union-attr]
+        host, port = sock.getpeername()[:2]
     except (AttributeError, OSError, ValueError, TypeError):
         return "?"
     return f"{host}:{port}"

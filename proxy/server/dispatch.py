@@ -108,7 +108,7 @@ class Dispatcher:
         if isinstance(plan, FetchForward):
             # A Fetch is answered as a broker would answer it (see core.fetch.FetchWait).
             outstanding = {d for d, h in handles.items() if isinstance(h, Pending)}
-            fresh = {d for d in outstanding if handles[d].created_at >= submitted_at}  # type: ignore[union-attr]
+            fresh = {d for d, h in handles.items() if isinstance(h, Pending) and h.created_at >= submitted_at}
             failed = {d: h for d, h in handles.items() if isinstance(h, Failed)}
             wait = FetchWait(plan, now, self.broker_wait(plan), FETCH_GRACE, outstanding, fresh, failed)
             found = await gather_fetch(wait, handles, receive, functools.partial(self.fetches.ask_again, plan))
