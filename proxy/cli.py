@@ -29,7 +29,7 @@ from proxy.server.workers import IGNORED_SIGHUP, run_workers
 from proxy.tools import demo
 from proxy.tools.bench.options import add_arguments as add_bench_arguments
 
-from .capture import CaptureConfig
+from .capture.recorder import CaptureConfig
 
 log = logging.getLogger("kfan")
 

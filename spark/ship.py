@@ -2,8 +2,8 @@
 
 The executors run :func:`spark.replay._check_rows`, that is :mod:`spark.checks`
 over kfan's sans-IO core, so their Python must import ``spark``, ``proxy`` and
-what those import: kio, crc32c (a compiled module), and trio and
-prometheus-client (``proxy.capture``'s package imports its recorder). PySpark
+what those import: kio and crc32c (a compiled module); the capture rows come
+from :mod:`proxy.capture.rows`, whose package loads nothing else. PySpark
 itself they already have: the Spark worker puts its distribution's
 ``python/lib/pyspark.zip`` and py4j on their path. A worker's Python may have
 nothing else installed.
@@ -52,8 +52,6 @@ from typing import Any
 EXECUTOR_REQUIREMENTS = (
     "kio",  # proxy.kafka: the codec compiled from Kafka's schemas
     "crc32c",  # proxy.kafka.records: the record batch check (a compiled module)
-    "trio",  # proxy.capture's package imports its recorder, which is trio code
-    "prometheus-client",  # ... and the recorder's drop counter
 )
 # kfan's top-level packages the executors import (spark.replay, spark.checks, proxy.core, proxy.kafka, proxy.capture).
 KFAN_PACKAGES = ("proxy", "spark")

@@ -23,7 +23,7 @@ from kio.schema.metadata.v12.request import MetadataRequest
 from kio.schema.types import TopicName
 from kio.static.primitive import i32, i32Timedelta, i64
 
-from proxy.capture import COLUMNS, CaptureRow, read_capture, read_rows
+from proxy.capture.rows import COLUMNS, CaptureRow, read_capture, read_rows
 from proxy.kafka.headers import parse_request_header, response_body_offset
 from proxy.tools.mock_cluster import MockCluster
 from spark.checks import DEFAULT_CORE, check_exchange

@@ -35,6 +35,7 @@ PACKAGES = ("proxy", "backends", "spark")  # the tree this test walks
 # The tools' optional dependencies (pyproject extras demo, pcap, spark): serving installs none of them.
 EXTRAS, TOOL_EXTRAS = ("confluent_kafka", "dpkt", "pyspark"), "the tools' extras"
 KAFKA, CORE, SECURITY, CAPTURE, RUNTIME = "proxy.kafka.*", "proxy.core.*", "proxy.security.*", "proxy.capture.*", "proxy.runtime.*"
+ROWS = "proxy.capture.rows"  # the capture format alone, without the recorder (and its trio) that serving runs
 
 # The folders, from the bottom up; each may import the ones above it in this table
 # that it names, never one below. README "Architecture" states the same rule.
@@ -54,7 +55,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
         "proxy.tools.*",
         (STDLIB, THIRD_PARTY, TOOL_EXTRAS, KAFKA, CORE, RUNTIME, CAPTURE, "proxy.tools.*"),
     ),  # bench, embedded cluster, demo, pcap
-    ("spark.*", (STDLIB, THIRD_PARTY, TOOL_EXTRAS, KAFKA, CORE, CAPTURE, "spark.*")),  # the Spark replay job
+    ("spark.*", (STDLIB, THIRD_PARTY, TOOL_EXTRAS, KAFKA, CORE, ROWS, "spark.*")),  # the Spark replay job
     ("proxy.cli", ANY),  # the entry points wire everything together
     ("proxy.__main__", ANY),
 ]

@@ -42,7 +42,7 @@ from confluent_kafka import Consumer, Producer
 from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 
-from proxy.capture import CaptureRow, read_rows
+from proxy.capture.rows import CaptureRow, read_rows
 from proxy.tools.mock_cluster import MockCluster
 from proxy.tools.pcap import _packets as pcap_packets
 from tests.support import ROOT

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from confluent_kafka import Consumer, Producer
 
-from proxy.capture import CaptureRow, read_rows
+from proxy.capture.rows import CaptureRow, read_rows
 from proxy.tools.mock_cluster import MockCluster
 from spark.checks import check_exchange
 from tests.support.apt import ensure_command

@@ -1,33 +1,15 @@
-"""Traffic capture and the tools over it, apart from the data path.
+"""Traffic capture, apart from the data path.
 
-- :mod:`.rows`: the capture format, one :class:`CaptureRow` per client
+- :mod:`.rows`: the capture format, one :class:`~.rows.CaptureRow` per client
   exchange (its columns, Arrow schema, Parquet files, record scrubbing);
-- :mod:`.recorder`: what ``kfan serve --capture`` runs (:class:`Capture`:
-  sampling, a bounded queue, a writer task that never blocks a client);
-- :mod:`.pcap`: ``kfan capture import``, a tcpdump of direct client-broker
-  traffic as capture rows;
-- :mod:`.live_replay`: ``kfan replay --target``, the recorded requests sent
-  to a running kfan and its answers compared.
+- :mod:`.recorder`: what ``kfan serve --capture`` runs (:class:`~.recorder.Capture`:
+  sampling, a bounded queue, a writer task that never blocks a client).
 
 Boundaries: the core never imports this package; the connection only hands
-rows to :class:`Capture`. This package imports :mod:`proxy.kafka` (bytes)
-and :mod:`proxy.core` (the topology; the route table's read-only APIs for
-the live replay) only, plus :mod:`proxy.runtime.metrics` for the recorder's drop
-counter. The Spark replay checks live in ``spark/`` and read rows through
-:class:`CaptureRow`.
+rows to the recorder. It imports :mod:`proxy.kafka` (bytes) and
+:mod:`proxy.core` (the topology) only, plus :mod:`proxy.runtime.metrics` for
+the recorder's drop counter. The tools over captures live in
+:mod:`proxy.tools` (pcap import, live replay) and ``spark/`` (the replay job),
+which read rows through :mod:`.rows` alone: this package's ``__init__``
+imports nothing, so reading rows does not load the recorder (trio, metrics).
 """
-
-from .recorder import Capture, CaptureConfig
-from .rows import COLUMNS, CaptureRow, FileWriter, arrow_schema, read_capture, read_rows, topology_document
-
-__all__ = [
-    "COLUMNS",
-    "Capture",
-    "CaptureConfig",
-    "CaptureRow",
-    "FileWriter",
-    "arrow_schema",
-    "read_capture",
-    "read_rows",
-    "topology_document",
-]

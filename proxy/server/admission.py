@@ -21,7 +21,7 @@ import math
 import trio
 
 from backends.cluster import Cluster
-from proxy.capture import Capture
+from proxy.capture.recorder import Capture
 from proxy.core import Identity
 from proxy.runtime import metrics
 from proxy.runtime.budget import MemoryPool

@@ -45,7 +45,7 @@ import trio
 
 from backends.cluster import Cluster
 from backends.links import BrokerConnect, LinkPool
-from proxy.capture import Capture
+from proxy.capture.recorder import Capture
 from proxy.core import Identity
 from proxy.kafka.frames import MAPPED_FROM, FrameReader, FrameTooLarge
 from proxy.kafka.headers import peek_request

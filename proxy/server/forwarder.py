@@ -32,7 +32,7 @@ from backends.cluster import Cluster
 from backends.link import Pending
 from backends.links import LinkPool
 from backends.undecodable import report_undecodable
-from proxy.capture import Capture
+from proxy.capture.recorder import Capture
 from proxy.capture.rows import CaptureRow, topology_document
 from proxy.core import (
     ANY_BROKER,

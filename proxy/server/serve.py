@@ -18,7 +18,7 @@ from functools import partial
 import trio
 
 from backends.cluster import Cluster
-from proxy.capture import Capture, CaptureConfig
+from proxy.capture.recorder import Capture, CaptureConfig
 from proxy.core import Identity
 from proxy.runtime import metrics
 from proxy.runtime.budget import MemoryPool
