@@ -194,8 +194,13 @@ Ctrl-C stops it.
 def run_cluster(args: argparse.Namespace, until_signal: Callable[[Callable[[trio.Nursery], Awaitable[None]]], Awaitable[None]]) -> int:
     """`kfan cluster`: librdkafka's mock brokers until a signal (``until_signal``: the CLI's, with its lifeline)."""
     from proxy.tools.mock_cluster import MockCluster
+    from proxy.tools.mock_lib import MockError
 
-    with MockCluster(args.brokers) as mock:
+    try:
+        mock = MockCluster(args.brokers)
+    except MockError as e:  # no librdkafka to run them (the demo extra missing): one line, not a traceback
+        raise SystemExit(f"kfan cluster: {e}") from None
+    with mock:
         for name, partitions in args.topic:
             mock.create_topic(name, partitions)
         ports = [int(a.rsplit(":", 1)[1]) for a in mock.bootstrap.split(",")]
