@@ -160,7 +160,10 @@ def test_a_client_pipelining_fetches_it_never_reads_is_counted_within_its_budget
         s.connect(k.address)
         try:
             for cid in range(pipelined):  # each a distinct Fetch (its max_bytes), none answered from another's
-                s.sendall(fetch_all(100, correlation_id=cid, max_bytes=50 * MiB + cid))
+                # max_wait 10 s: the broker's answer always comes within the Fetch's own wait. With 100 ms, a
+                # loaded machine had it come after kfan answered empty (max_wait + 20 ms grace), kept for reuse,
+                # expired after 1 s and fetched again for the next Fetch: 4 answers in the window, not a leak.
+                s.sendall(fetch_all(10_000, correlation_id=cid, max_bytes=50 * MiB + cid))
             # kfan answers what it sent until the client's unread answers fill its budget, then stops.
             wait_for("answers held for the client", lambda: m.buffered() >= ANSWER, 20, seen=m.buffered)
             settled = time.monotonic() + 3  # the Fetches it would still send, given time
