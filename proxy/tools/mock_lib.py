@@ -30,7 +30,7 @@ def find_librdkafka() -> str:
         import confluent_kafka
     except ImportError as e:  # the demo extra, not a dependency of serving
         raise MockError(
-            "confluent-kafka is not installed; the embedded cluster needs the librdkafka its wheel bundles: pip install 'kfan[demo]'"
+            f"confluent-kafka cannot be imported ({e}); the embedded cluster needs the librdkafka its wheel bundles: pip install 'kfan[demo]'"
         ) from e
     pkg_dir = os.path.dirname(os.path.abspath(confluent_kafka.__file__))
     libs_dir = os.path.join(os.path.dirname(pkg_dir), "confluent_kafka.libs")
