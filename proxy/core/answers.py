@@ -4,13 +4,14 @@ bytes, and read the brokers' answers back (decoded, failed, or not yet in).
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..kafka import skim
 from ..kafka.headers import RequestHeader, response_body_offset
 from ..kafka.schema import Struct, decode_body, encode_body, request_spec, response_spec
-from ..kafka.wire import Malformed, Parts
+from ..kafka.wire import Malformed, Parts, Reader
 from . import undecodable
 from .plan import Answers, BrokerUnavailable, Destination, Failed, NotYet, Response, SubRequest
 
@@ -32,6 +33,12 @@ def decode_answer(hdr: RequestHeader, payload: memoryview | bytes) -> Struct:
     return decode_body(spec, payload, response_body_offset(payload, hdr.api_key, hdr.api_version), allow_trailing=True)
 
 
+def split_answer(hdr: RequestHeader, payload: memoryview | bytes, array: str, key: str) -> Struct:
+    """An answer decoded but for ``array``, whose entries stay bytes (:class:`skim.Entry`) to be moved as they are."""
+    spec = response_spec(hdr.api_key, hdr.api_version)
+    return skim.split(spec, Reader(payload, response_body_offset(payload, hdr.api_key, hdr.api_version)), array, key)
+
+
 def passthrough_body(hdr: RequestHeader, payload: memoryview | bytes) -> Parts:
     """A broker's response body as it sent it (only the header is ours)."""
     return [memoryview(payload)[response_body_offset(payload, hdr.api_key, hdr.api_version) :]]
@@ -47,8 +54,10 @@ class Decoded:
     names_brokers: bool = False  # a body named a broker (before its identity was hidden)
 
 
-def decode_answers(hdr: RequestHeader, answers: Answers, failure_code: int) -> Decoded:
-    """Each broker's answer decoded, or its failure code.
+def decode_answers(
+    hdr: RequestHeader, answers: Answers, failure_code: int, decode: Callable[[RequestHeader, memoryview | bytes], Struct] = decode_answer
+) -> Decoded:
+    """Each broker's answer decoded (by ``decode``), or its failure code.
 
     An answer that does not decode is that broker's failure (``failure_code``),
     not the request's: the other brokers' parts are answered as usual.
@@ -57,7 +66,7 @@ def decode_answers(hdr: RequestHeader, answers: Answers, failure_code: int) -> D
     for destination, answer in answers.items():
         if isinstance(answer, Response):
             try:
-                out.bodies[destination] = decode_answer(hdr, answer.payload)
+                out.bodies[destination] = decode(hdr, answer.payload)
             except Malformed as e:
                 undecodable.note(answer.payload, e)
                 out.failed[destination] = failure_code

@@ -14,14 +14,26 @@ look the coordinator up again.
 from __future__ import annotations
 
 from collections import deque
+from functools import partial
 from typing import Any
 
 from ..kafka import errors
 from ..kafka.headers import RequestHeader
-from ..kafka.schema import Struct, encode_body, response_spec
+from ..kafka.schema import Encoded, Struct, encode_body, response_spec
+from ..kafka.skim import Entry
 from ..kafka.wire import Malformed, Parts
 from . import any_broker, undecodable
-from .answers import decode_answer, decode_answers, error_body, error_codes, fold_top_level, passthrough_body, reencoded, whole
+from .answers import (
+    decode_answer,
+    decode_answers,
+    error_body,
+    error_codes,
+    fold_top_level,
+    passthrough_body,
+    reencoded,
+    split_answer,
+    whole,
+)
 from .plan import (
     Answers,
     Batch,
@@ -190,27 +202,36 @@ KeysOf = dict[Destination, set[Coordinator]]
 
 
 def merge_batch(plan: Forward[KeysOf], answers: Answers) -> Reply:
+    """The coordinators' entries, moved as bytes into the client's order (see :mod:`proxy.kafka.skim`)."""
     hdr = plan.header
     batch = batch_of(plan.route, plan.request)
     assert batch is not None
     keys_of = plan.state
     # Per key, the answer's entries in order (a key the client named twice is answered twice).
-    by_key: dict[str, deque[Struct]] = {}
+    by_key: dict[str, deque[memoryview]] = {}
     moved: set[Coordinator] = set()
-    decoded = decode_answers(hdr, answers, errors.NOT_COORDINATOR)
+    decoded = decode_answers(
+        hdr, answers, errors.NOT_COORDINATOR, partial(split_answer, array=batch.response_array, key=batch.response_key)
+    )
     for destination in decoded.failed:
         moved.update(keys_of.get(destination, ()))
     throttle, top_error = fold_top_level(decoded.bodies.values())
     for d in decoded.bodies.values():
-        for entry in d[batch.response_array]:
-            by_key.setdefault(entry[batch.response_key], deque()).append(entry)
-            if any(c in errors.COORDINATOR_MOVED for c in error_codes(entry)):
-                moved.add(Coordinator(batch.key_type, entry[batch.response_key]))
-    merged = []
+        entry: Entry
+        for entry in d[batch.response_array] or ():
+            by_key.setdefault(entry.key, deque()).append(entry.raw)
+            if any(c in errors.COORDINATOR_MOVED for c in entry.error_codes):
+                moved.add(Coordinator(batch.key_type, entry.key))
+    spec = response_spec(hdr.api_key, hdr.api_version)
+    entry_spec = spec.field(batch.response_array).struct
+    assert entry_spec is not None
+    merged = Encoded()
     for e in plan.request[batch.request_array]:
         pending = by_key.get(_batch_key(batch, e))
-        merged.append(pending.popleft() if pending else _batch_error_entry(hdr, batch, e, errors.NOT_COORDINATOR))
-    spec = response_spec(hdr.api_key, hdr.api_version)
+        if pending:
+            merged.append(pending.popleft())
+        else:
+            merged.append(b"".join(encode_body(entry_spec, _batch_error_entry(hdr, batch, e, errors.NOT_COORDINATOR))))
     body = spec.blank()
     body[batch.response_array] = merged
     if "throttle_time" in body:

@@ -90,7 +90,8 @@ class StructSpec:
         return {f.name: f.default if f.has_default else f.zero for f in self.fields}
 
 
-_FIXED: dict[str, tuple[str, int]] = {
+# kio's fixed-size types: the Reader and Writer method, and the size on the wire.
+FIXED: dict[str, tuple[str, int]] = {
     "int8": ("int8", 1),
     "bool": ("boolean", 1),
     "int16": ("int16", 2),
@@ -106,9 +107,13 @@ _FIXED: dict[str, tuple[str, int]] = {
 }
 
 
+class Encoded(list[bytes | memoryview]):
+    """Array entries already in wire form (moved from another message): written as they are."""
+
+
 def _prim(kafka_type: str, flexible: bool, nullable: bool) -> tuple[ReadFn, WriteFn, int]:
-    if kafka_type in _FIXED:
-        meth, size = _FIXED[kafka_type]
+    if kafka_type in FIXED:
+        meth, size = FIXED[kafka_type]
         return getattr(Reader, meth), getattr(Writer, meth), size
     if kafka_type == "string":
         rname, wname, size = ("compact_string", "compact_string", 1) if flexible else ("string", "string", 2)
@@ -162,7 +167,10 @@ def _array(elem_read: ReadFn, elem_write: WriteFn, elem_min: int, flexible: bool
 
     def write(w: Writer, v: list[Any] | None) -> None:
         write_len(w, None if v is None else len(v))
-        if v is not None:
+        if type(v) is Encoded:
+            for item in v:
+                w.raw(item)
+        elif v is not None:
             for item in v:
                 elem_write(w, item)
 
@@ -320,23 +328,28 @@ def _decode_struct(spec: StructSpec, r: Reader) -> Struct:
     for f in spec.fields:
         out[f.name] = f.read(r)
     if spec.flexible:
-        n = r.uvarint()
-        if n > r.remaining():
-            raise Malformed(f"{n} tagged fields cannot fit")
-        for _ in range(n):
-            tag = r.uvarint()
-            size = r.uvarint()
-            body = r.raw(size)
-            tf = spec.tagged.get(tag)
-            if tf is None:
-                r.charge(ITEM_COST + size)
-                out.setdefault(TAGS, {})[tag] = bytes(body)
-            else:
-                # A tagged field may hold arrays too: its reader draws on the same allowance.
-                sub = Reader(body, max_cost=None if r.max_cost is None else r.max_cost - r.cost)
-                out[tf.name] = tf.read(sub)
-                r.charge(sub.cost)
+        read_tagged(spec, r, out)
     return out
+
+
+def read_tagged(spec: StructSpec, r: Reader, out: Struct) -> None:
+    """A flexible struct's tagged fields, into ``out``."""
+    n = r.uvarint()
+    if n > r.remaining():
+        raise Malformed(f"{n} tagged fields cannot fit")
+    for _ in range(n):
+        tag = r.uvarint()
+        size = r.uvarint()
+        body = r.raw(size)
+        tf = spec.tagged.get(tag)
+        if tf is None:
+            r.charge(ITEM_COST + size)
+            out.setdefault(TAGS, {})[tag] = bytes(body)
+        else:
+            # A tagged field may hold arrays too: its reader draws on the same allowance.
+            sub = Reader(body, max_cost=None if r.max_cost is None else r.max_cost - r.cost)
+            out[tf.name] = tf.read(sub)
+            r.charge(sub.cost)
 
 
 def _encode_struct(spec: StructSpec, w: Writer, value: Struct) -> None:

@@ -63,6 +63,8 @@ class Reader:
         self.pos = p + n
         return p
 
+    skip = _take  # move past n bytes, checked (it returns where they started)
+
     def int8(self) -> int:
         return _I8.unpack_from(self.buf, self._take(1))[0]
 

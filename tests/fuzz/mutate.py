@@ -149,7 +149,7 @@ ERROR_CODES = (0, 0, 0, 0, 0, 0, 3, 6, 15, 16, 74, 100, 7, 13)
 # --- values from the schemas -------------------------------------------------------------
 
 
-_FIXED_TYPES = frozenset(schema._FIXED)
+_FIXED_TYPES = frozenset(schema.FIXED)
 
 
 class Generator:
