@@ -73,11 +73,7 @@ class StructSpec:
         raise KeyError(name)
 
     def has(self, name: str) -> bool:
-        try:
-            self.field(name)
-        except KeyError:
-            return False
-        return True
+        return any(f.name == name for f in (*self.fields, *self.tagged.values()))
 
     def decode(self, r: Reader) -> Struct:
         return _decode_struct(self, r)
@@ -328,7 +324,11 @@ def _decode_struct(spec: StructSpec, r: Reader) -> Struct:
     for f in spec.fields:
         out[f.name] = f.read(r)
     if spec.flexible:
-        read_tagged(spec, r, out)
+        p = r.pos
+        if p < r.end and r.buf[p] == 0:
+            r.pos = p + 1  # no tagged fields, the usual case
+        else:
+            read_tagged(spec, r, out)
     return out
 
 
