@@ -16,9 +16,10 @@ import pytest
 from confluent_kafka import Consumer, TopicPartition
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from kafka.record.default_records import DefaultRecordBatchBuilder
+from kafka.record.default_records import DefaultRecordBatch, DefaultRecordBatchBuilder
 
 from proxy.kafka import errors
+from proxy.kafka import records as kafka_records
 from proxy.kafka.records import Invalid, check_records
 from proxy.tools.mock_cluster import MockCluster
 from tests.support.kfan import Kfan, start_kfan
@@ -64,6 +65,17 @@ def test_valid_batches_pass_and_any_checked_bit_flipped_is_caught(
     found = check_records(bytes(flipped))
     assert isinstance(found, Invalid), f"bit {bit} (byte {bit // 8}) flipped and not caught"
     assert found.code in (errors.CORRUPT_MESSAGE, errors.INVALID_RECORD)
+
+
+@settings(max_examples=50, suppress_health_check=list(HealthCheck), deadline=None)
+@given(values=st.lists(st.binary(max_size=300), min_size=1, max_size=30), timestamp=st.integers(0, 2**41))
+def test_the_batches_kfans_tools_build_are_read_by_kafka_python(values: list[bytes], timestamp: int) -> None:
+    batch = kafka_records.record_batch(values, timestamp)
+    assert check_records(batch) is None
+    read = DefaultRecordBatch(batch)
+    assert read.validate_crc() and read.producer_id == -1 and read.compression_type == 0
+    got = list(read)
+    assert [(r.offset, r.key, r.value, r.timestamp, r.headers) for r in got] == [(i, None, v, timestamp, []) for i, v in enumerate(values)]
 
 
 def _message_offsets(message_set: bytes) -> set[int]:

@@ -1,4 +1,5 @@
-"""Record batches checked without being decoded: what a broker checks first.
+"""Record batches checked without being decoded: what a broker checks first
+(and built, for kfan's tools: :func:`record_batch`).
 
 A Produce partition's ``records`` are one or more record batches (magic 2:
 CRC-32C over attributes to the end) or, before Produce v3, message sets of
@@ -108,3 +109,29 @@ def _check_message(message: memoryview, magic: int) -> Invalid | None:
     if zlib.crc32(message[_MESSAGE_HEAD + 4 :]) != crc:
         return Invalid(errors.CORRUPT_MESSAGE, "crc")
     return None
+
+
+_BATCH_AFTER_CRC = struct.Struct(">hiqqqhii")  # attributes .. records count
+
+
+def _varint(n: int) -> bytes:
+    n = (n << 1) ^ (n >> 63)  # zigzag
+    out = bytearray()
+    while n >= 0x80:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
+def record_batch(values: list[bytes], timestamp_ms: int = 0) -> bytes:
+    """One record batch (magic 2, uncompressed, no producer id) of keyless records, CRC-32C as brokers check it."""
+    records = bytearray()
+    for delta, value in enumerate(values):
+        body = b"\x00" + _varint(0) + _varint(delta) + _varint(-1) + _varint(len(value)) + value + _varint(0)
+        records += _varint(len(body)) + body
+    n = len(values)
+    after_crc = _BATCH_AFTER_CRC.pack(0, n - 1, timestamp_ms, timestamp_ms, -1, -1, -1, n) + records
+    # batchLength counts from partitionLeaderEpoch (4) through magic (1) and crc (4) to the end.
+    head = struct.pack(">qii", 0, 4 + 1 + 4 + len(after_crc), -1) + b"\x02"
+    return head + _CRC.pack(crc32c(after_crc)) + after_crc

@@ -3,29 +3,15 @@
 from __future__ import annotations
 
 import datetime
-import struct
 
 from kio.schema.produce.v8.request import PartitionProduceData, ProduceRequest, TopicProduceData
+
+from proxy.kafka import records
 
 
 def record_batch(value: bytes) -> bytes:
     """One record batch (magic 2) holding one record, CRC32C as Kafka requires."""
-    import crc32c
-
-    def varint(n: int) -> bytes:
-        n = (n << 1) ^ (n >> 63)
-        out = bytearray()
-        while n >= 0x80:
-            out.append((n & 0x7F) | 0x80)
-            n >>= 7
-        out.append(n)
-        return bytes(out)
-
-    body = b"\x00" + varint(0) + varint(0) + varint(-1) + varint(len(value)) + value + varint(0)
-    record = varint(len(body)) + body
-    after_crc = struct.pack(">hiqqqhii", 0, 0, 0, 0, -1, -1, -1, 1) + record
-    header = struct.pack(">qi", 0, 4 + 1 + 4 + len(after_crc)) + struct.pack(">i", 0) + b"\x02"
-    return header + struct.pack(">I", crc32c.crc32c(after_crc)) + after_crc
+    return records.record_batch([value])
 
 
 def legacy_set(records: list[tuple[bytes | None, bytes | None, int]], magic: int, compression: int = 0) -> bytes:

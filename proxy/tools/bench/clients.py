@@ -35,11 +35,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import trio
-from crc32c import crc32c
 
 from proxy.kafka import apis, schema
 from proxy.kafka.frames import MIN_RESPONSE_FRAME, FrameReader, frame
 from proxy.kafka.headers import correlation_id_of, decode_response, encode_request_header
+from proxy.kafka.records import record_batch
 from proxy.kafka.wire import Reader
 
 CLIENT_ID = "kfan-bench"
@@ -327,32 +327,8 @@ def _filled(spec: schema.StructSpec, value: Mapping[str, Any]) -> schema.Struct:
 
 # --- records ----------------------------------------------------------------------
 
-_BATCH_AFTER_CRC = struct.Struct(">hiqqqhii")  # attributes .. record count
 _BATCH_HEAD = 61  # baseOffset .. record count
 _COMPRESSION = 0x07
-
-
-def _varint(n: int) -> bytes:
-    n = (n << 1) ^ (n >> 63)  # zigzag
-    out = bytearray()
-    while n >= 0x80:
-        out.append((n & 0x7F) | 0x80)
-        n >>= 7
-    out.append(n)
-    return bytes(out)
-
-
-def record_batch(values: list[bytes], timestamp_ms: int) -> bytes:
-    """One record batch (magic 2, uncompressed, no producer id) of keyless records, CRC-32C as brokers check it."""
-    records = bytearray()
-    for delta, value in enumerate(values):
-        body = b"\x00" + _varint(0) + _varint(delta) + _varint(-1) + _varint(len(value)) + value + _varint(0)
-        records += _varint(len(body)) + body
-    n = len(values)
-    after_crc = _BATCH_AFTER_CRC.pack(0, n - 1, timestamp_ms, timestamp_ms, -1, -1, -1, n) + records
-    # batchLength counts from partitionLeaderEpoch (4) through magic (1) and crc (4) to the end.
-    head = struct.pack(">qii", 0, 4 + 1 + 4 + len(after_crc), -1) + b"\x02"
-    return head + struct.pack(">I", crc32c(after_crc)) + after_crc
 
 
 def read_records(data: bytes | memoryview | None) -> list[tuple[int, bytes]]:
