@@ -323,12 +323,8 @@ def _decode_struct(spec: StructSpec, r: Reader) -> Struct:
     out: Struct = {}
     for f in spec.fields:
         out[f.name] = f.read(r)
-    if spec.flexible:
-        p = r.pos
-        if p < r.end and r.buf[p] == 0:
-            r.pos = p + 1  # no tagged fields, the usual case
-        else:
-            read_tagged(spec, r, out)
+    if spec.flexible and not r.empty_tags():
+        read_tagged(spec, r, out)
     return out
 
 

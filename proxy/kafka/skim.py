@@ -108,12 +108,8 @@ def _sequence(steps: list[Walk], tagged_of: StructSpec | None) -> Walk:
     def walk(r: Reader, codes: list[int]) -> None:
         for step in steps:
             step(r, codes)
-        if tagged_of is not None:
-            p = r.pos
-            if p < r.end and r.buf[p] == 0:
-                r.pos = p + 1  # no tagged fields, the usual case
-            else:
-                _walk_tagged(tagged_of, r, codes)
+        if tagged_of is not None and not r.empty_tags():
+            _walk_tagged(tagged_of, r, codes)
 
     return walk
 

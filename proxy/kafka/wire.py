@@ -108,6 +108,14 @@ class Reader:
             if shift > 63:
                 raise Malformed("varint longer than 10 bytes")
 
+    def empty_tags(self) -> bool:
+        """Move past an empty tag section (one 0 byte), the usual case; False, not moved, when there are tags."""
+        p = self.pos
+        if p < self.end and self.buf[p] == 0:
+            self.pos = p + 1
+            return True
+        return False
+
     def varint(self) -> int:
         v = self.uvarint()
         return (v >> 1) ^ -(v & 1)
