@@ -1,4 +1,4 @@
-"""A real Apache Kafka cluster in KRaft mode: a controller and three brokers, each its own JVM.
+"""A real Apache Kafka cluster in KRaft mode: a controller (or a quorum of three) and three brokers, each its own JVM.
 
 Racks ``a``, ``b``, ``c`` for brokers 1, 2, 3; replication factor 3 and
 ``min.insync.replicas=2`` by default; Kafka's ``RackAwareReplicaSelector``, so
@@ -18,11 +18,18 @@ log dir is formatted once with Kafka's storage tool; its output (to stdout,
 through log4j2 for Kafka 4, reload4j (log4j 1) for Kafka 3, each configured
 with the same levels) is kept in ``<workdir>/<node>.log`` for diagnosis, and
 the work directory is left in place when the cluster fails to start.
+
+``controllers=3`` makes a quorum of three controllers (ids 100-102), so that
+the active one can be killed and another takes over
+(:meth:`KafkaCluster.active_controller`); :meth:`KafkaCluster.add_broker`
+starts a fourth broker (or more) in the running cluster.
 """
 
 from __future__ import annotations
 
 import base64
+import csv
+import re
 import shutil
 import signal
 import subprocess
@@ -102,9 +109,13 @@ class KafkaCluster:
     workdir: Path
     version: str = KAFKA_4
     extra_broker_config: dict[str, str] = field(default_factory=dict)
+    controllers: int = 1
     nodes: dict[int, _Node] = field(default_factory=dict)
+    racks: dict[int, str] = field(default_factory=lambda: dict(BROKER_RACKS))  # the brokers, and theirs
     secured: security.Secured | None = None
     _secure_props: dict[str, str] = field(default_factory=dict)
+    _cluster_id: str = ""
+    _voters: str = ""
 
     @property
     def bootstrap(self) -> str:
@@ -143,21 +154,41 @@ class KafkaCluster:
         else:
             self._log_config().write_text(_LOG4J2 + security.LOG4J2_AUTHORIZER)
             self.secured, self._secure_props = security.prepare(self.workdir)
-        cluster_id = _cluster_id()
-        controller_port = free_port()
-        voters = f"{CONTROLLER_ID}@127.0.0.1:{controller_port}"
-        self.nodes[CONTROLLER_ID] = self._node(CONTROLLER_ID, "controller", controller_port, voters)
-        for broker_id in BROKER_RACKS:
-            self.nodes[broker_id] = self._node(broker_id, "broker", free_port(), voters, free_port(), free_port())
-        self._format(cp, cluster_id)
+        self._cluster_id = _cluster_id()
+        controller_ports = {CONTROLLER_ID + i: free_port() for i in range(self.controllers)}
+        self._voters = ",".join(f"{node_id}@127.0.0.1:{port}" for node_id, port in controller_ports.items())
+        for node_id, port in controller_ports.items():
+            self.nodes[node_id] = self._node(node_id, "controller", port, self._voters)
+        for broker_id in self.racks:
+            self.nodes[broker_id] = self._node(broker_id, "broker", free_port(), self._voters, free_port(), free_port())
+        self._format(cp, list(self.nodes.values()))
         for node in self.nodes.values():
             self._launch(cp, node)
         wait_for(
-            "three brokers registered with the controller",
+            f"{len(self.racks)} brokers registered with the controller",
             self._all_brokers_up,
             START_TIMEOUT_S,
             seen=self.logs_tail,
         )
+
+    def add_broker(self, broker_id: int, rack: str) -> None:
+        """One more broker in the running cluster (formatted, started, registered): a cluster that grows."""
+        assert broker_id not in self.nodes
+        self.racks[broker_id] = rack
+        node = self.nodes[broker_id] = self._node(broker_id, "broker", free_port(), self._voters, free_port(), free_port())
+        cp = classpath(self.version)
+        self._format(cp, [node])
+        self._launch(cp, node)
+        wait_for(f"broker {broker_id} registered with the controller", self._all_brokers_up, START_TIMEOUT_S, seen=self.logs_tail)
+
+    def active_controller(self) -> int:
+        """The node id of the quorum's leader, the active controller (Kafka's kafka-metadata-quorum tool)."""
+        from tests.support.apache_kafka.tools import run_tool
+
+        out = run_tool("kafka-metadata-quorum", "--bootstrap-server", self.bootstrap, "describe", "--status").out
+        found = re.search(r"^LeaderId:\s*(\d+)", out, re.MULTILINE)
+        assert found is not None, f"kafka-metadata-quorum named no leader:\n{out}"
+        return int(found.group(1))
 
     def _node(self, node_id: int, roles: str, port: int, voters: str, secure_port: int = 0, oauth_port: int = 0) -> _Node:
         data = self.workdir / f"node-{node_id}"
@@ -191,7 +222,7 @@ class KafkaCluster:
                 "inter.broker.listener.name": "PLAINTEXT",
                 "listener.security.protocol.map": protocols,
                 **self._secure_props,
-                "broker.rack": BROKER_RACKS[node_id],
+                "broker.rack": self.racks[node_id],
                 "replica.selector.class": "org.apache.kafka.common.replica.RackAwareReplicaSelector",
                 "min.insync.replicas": "2",
                 "offsets.topic.replication.factor": "3",
@@ -223,17 +254,19 @@ class KafkaCluster:
         return [java, HEAP, *logs, *jmx, *oauth, "-cp", cp, main, *args]
 
     def metric(self, broker_id: int, mbean: str, attribute: str = "Count") -> float:
-        """One attribute of one of the broker's own metrics (a JMX MBean), read with Kafka's JmxTool;
-        0 when the broker has not created the MBean (Kafka makes per-topic metrics on first use)."""
+        """One attribute of one of the broker's own metrics (a JMX MBean), read with Kafka's JmxTool; 0 when the
+        broker has not created the MBean (Kafka makes per-topic metrics on first use). An MBean pattern
+        (``...,request=Metadata,*``) sums the attribute over every MBean it matches."""
         from tests.support.apache_kafka.tools import run_tool
 
         url = f"service:jmx:rmi:///jndi/rmi://127.0.0.1:{self.nodes[broker_id].jmx_port}/jmxrmi"
         out = run_tool("kafka-jmx", "--jmx-url", url, "--object-name", mbean, "--attributes", attribute, "--one-time", "true").out
-        # CSV: a header naming each "<mbean>:<attribute>", then one row of values (time first).
-        lines = [line for line in out.splitlines() if line.strip()]
-        if len(lines) < 2 or f":{attribute}" not in lines[0]:
+        # CSV: a header naming each "<mbean>:<attribute>" (quoted: MBean names hold commas), then one row of values (time first).
+        rows = [row for row in csv.reader(out.splitlines()) if row]
+        if len(rows) < 2:
             return 0.0
-        return float(lines[-1].split(",")[-1].strip('"'))
+        header, values = rows[0], rows[-1]
+        return sum(float(v) for name, v in zip(header, values, strict=False) if name.endswith(f":{attribute}"))
 
     def authorizer_log_path(self, node_id: int) -> Path:
         return self.workdir / f"authorizer-{node_id}.log"
@@ -243,17 +276,17 @@ class KafkaCluster:
         paths = [self.authorizer_log_path(i) for i in self.brokers]
         return "".join(p.read_text(errors="replace") for p in paths if p.exists())
 
-    def _format(self, cp: str, cluster_id: str) -> None:
-        """Every node's log dir, formatted with Kafka's storage tool (all at once: each is a JVM of seconds)."""
+    def _format(self, cp: str, nodes: list[_Node]) -> None:
+        """The nodes' log dirs, formatted with Kafka's storage tool (all at once: each is a JVM of seconds)."""
         scram = security.scram_format_args(self.secured.users) if self.secured is not None else []
         formats = {
             n.node_id: subprocess.Popen(
-                self._java(cp, "kafka.tools.StorageTool", "format", "-t", cluster_id, "-c", str(n.config), *scram),
+                self._java(cp, "kafka.tools.StorageTool", "format", "-t", self._cluster_id, "-c", str(n.config), *scram),
                 stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT,
                 text=True,
             )
-            for n in self.nodes.values()
+            for n in nodes
         }
         for node_id, p in formats.items():
             out, _ = p.communicate(timeout=120)
@@ -278,7 +311,7 @@ class KafkaCluster:
             md = AdminClient({"bootstrap.servers": self.bootstrap, "log_level": 0}).list_topics(timeout=2)
         except Exception:
             return False
-        return sorted(md.brokers) == sorted(BROKER_RACKS)
+        return sorted(md.brokers) == sorted(self.racks)
 
     def logs_tail(self, lines: int = 30) -> str:
         out = []
@@ -302,9 +335,9 @@ class KafkaCluster:
                     node.process = None
 
     def stop_broker(self, broker_id: int, *, kill: bool = False) -> None:
-        """Stop one broker: a controlled shutdown (SIGTERM), or ``kill``: SIGKILL, as a crash would."""
+        """Stop one broker (or controller): a controlled shutdown (SIGTERM), or ``kill``: SIGKILL, as a crash would."""
         node = self.nodes[broker_id]
-        assert node.process is not None, f"broker {broker_id} is not running"
+        assert node.process is not None, f"node {broker_id} is not running"
         if kill:
             node.process.kill()
             node.process.wait(30)
@@ -313,9 +346,9 @@ class KafkaCluster:
         node.process = None
 
     def start_broker(self, broker_id: int) -> None:
-        """Start a stopped broker again, with its log dir and ports as they were."""
+        """Start a stopped broker (or controller) again, with its log dir and ports as they were."""
         node = self.nodes[broker_id]
-        assert node.process is None, f"broker {broker_id} is running"
+        assert node.process is None, f"node {broker_id} is running"
         self._launch(classpath(self.version), node)
 
     @contextmanager

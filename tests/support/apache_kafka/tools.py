@@ -24,6 +24,7 @@ MAIN = {
     "kafka-log-dirs": "org.apache.kafka.tools.LogDirsCommand",
     "kafka-producer-perf-test": "org.apache.kafka.tools.ProducerPerformance",
     "kafka-consumer-perf-test": "org.apache.kafka.tools.ConsumerPerformance",
+    "kafka-metadata-quorum": "org.apache.kafka.tools.MetadataQuorumCommand",
     "kafka-jmx": "org.apache.kafka.tools.JmxTool",  # what ``kafka-run-class kafka.tools.JmxTool`` runs
 }
 # A tool runs for seconds: start fast (C1 only, one GC thread) rather than run fast.
