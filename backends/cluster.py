@@ -30,6 +30,7 @@ from proxy.runtime import metrics
 from . import backoff
 from .control import ControlLinks, control_version
 from .coordinators import ANSWER_FAILURES, CoordinatorCache, Coordinators
+from .flights import Flights
 from .schemas import SchemaPreloader
 from .transport import BrokerSecurity
 
@@ -230,6 +231,8 @@ class Cluster:
         self.rack = rack
         # Process-wide: one leader's answer serves every client of that rack.
         self.read_replicas = ReadReplicas(read_replica_max_age)
+        # Process-wide too: identical Metadata requests out at once are sent once (a client storm is not multiplied).
+        self.flights = Flights()
         self.problem: str | None = None  # why kfan is not ready, for /readyz
         self.security = security if security is not None else BrokerSecurity()
         self.request_timeout = request_timeout

@@ -78,6 +78,13 @@ class LinkError(Exception):
     """The broker connection failed; what was in flight on it has no answer."""
 
 
+class LinkClosed(LinkError):
+    """The link ended with the client connection it belonged to: the broker did not fail.
+
+    Only an answer another connection shares (:mod:`backends.flights`) is still waited for then.
+    """
+
+
 class Pending:
     """A request's answer to come: the response payload, or a :class:`LinkError`.
 
@@ -164,6 +171,11 @@ class Pending:
             release_later(self._value)  # often many MiB, and expired with others of its burst
             self._value = DROPPED
 
+    @property
+    def failure(self) -> LinkError | None:
+        """Why no answer comes, once that is known; None otherwise."""
+        return self._value if isinstance(self._value, LinkError) else None
+
     async def wait(self) -> bytes:
         await self._done.wait()
         if isinstance(self._value, LinkError):
@@ -245,6 +257,15 @@ class Link:
     async def run(self, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Connect, then write queued requests and read responses until failure."""
         task_status.started()
+        try:
+            await self._run()
+        finally:
+            if self.failed is None:
+                # Cancelled from outside (its client connection ended): answers another
+                # connection shares (backends.flights) must not wait out their deadline.
+                self._fail(LinkClosed(f"link to broker {self.broker_id} closed with its client connection"))
+
+    async def _run(self) -> None:
         with self._cancel:
             try:
                 with trio.fail_after(self.connect_timeout):

@@ -432,3 +432,6 @@ class Route(Generic[P]):
     # A login API (SASL): answered by the client connection's login exchange (:mod:`proxy.server.client_auth`), never
     # planned, and served and advertised only when kfan authenticates its clients.
     login: Login | None = None
+    # Identical requests (the same version and body) from any clients, in flight at once, are sent once and share the
+    # broker's answer: a read that depends on nothing but its body (Metadata, whose storms every client joins).
+    shares_answers: bool = False

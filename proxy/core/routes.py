@@ -118,7 +118,7 @@ _ROWS: tuple[Route[Any], ...] = (
     # kfan's node's log dirs: every broker's, told apart by name; a failed broker's shown offline.
     Route(DESCRIBE_LOG_DIRS, broadcast.plan, log_dirs.merge, read_only=True, broadcast_array="results"),
     # any: whole to a live broker, identity rewritten in the answer
-    Route(METADATA, any_broker.plan, any_broker.merge, read_only=True, rewrite=identity.metadata),
+    Route(METADATA, any_broker.plan, any_broker.merge, read_only=True, rewrite=identity.metadata, shares_answers=True),
     # Answered with kfan itself as the coordinator; the real one is learned on the way.
     Route(FIND_COORDINATOR, any_broker.plan, any_broker.merge, read_only=True, rewrite=identity.find_coordinator),
     Route(DESCRIBE_CLUSTER, any_broker.plan, any_broker.merge, read_only=True, rewrite=identity.describe_cluster),

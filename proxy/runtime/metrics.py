@@ -97,6 +97,9 @@ BROKER_ANSWERS_UNDECODABLE = Counter(
     ["broker", "api"],
 )
 CACHE_EVICTIONS = Counter("kfan_cache_evictions", "Entries evicted from a bounded cache to stay within its bounds, by cache", ["cache"])
+SHARED_ANSWERS = Counter(
+    "kfan_shared_answers", "Client requests answered by an identical one already out to a broker (not sent again), by API key", ["api_key"]
+)
 
 
 class ListenFailed(Exception):

@@ -22,10 +22,11 @@ import logging
 import trio
 
 from backends.cluster import Cluster
-from backends.link import LinkError, Pending
+from backends.flights import FlightKey
+from backends.link import Link, LinkClosed, LinkError, Pending
 from backends.links import Lane, LinkPool
 from backends.sasl import AuthenticationFailed
-from proxy.core import ANY_BROKER, BrokerAnswer, Destination, Failed, FetchForward, Forward, Response
+from proxy.core import ANY_BROKER, BrokerAnswer, Destination, Failed, FetchForward, Forward, Response, SubRequest
 from proxy.core.fetch_wait import FetchWait
 from proxy.kafka import errors
 from proxy.runtime import metrics
@@ -82,24 +83,53 @@ class Dispatcher:
                 else:
                     fresh.append((destination, broker))
                 continue
+            flight = self._flight_key(plan) if destination is ANY_BROKER else None
+            if flight is not None and (shared := self.cluster.flights.join(flight)) is not None:
+                out[destination] = shared  # the same request is out already: its answer is this one's too
+                continue
             if destination is ANY_BROKER and self.links.link(broker, Lane.MAIN) is None:
                 broker = self.links.another_broker(broker) or broker  # any broker will do: one kfan is not backing off from
             link = await self.links.link_when_ready(broker, Lane.MAIN)
             if link is None:
                 out[destination] = Failed(plan.route.failure.code(written=False))
                 continue
-            out[destination] = link.submit(sub)
+            out[destination] = self._send(link, sub, flight)
         if isinstance(plan, FetchForward):
             await self.fetches.send(plan, fresh, out)
         return out
 
+    def _flight_key(self, plan: Forward) -> FlightKey | None:
+        """What identical requests share (:mod:`backends.flights`): API, version and body; None when this one shares nothing.
+
+        A connection carrying its client's identity shares with nobody: the brokers answer it as that client.
+        """
+        if not plan.route.shares_answers or self.client_identity:
+            return None
+        h = plan.header
+        sub = plan.subs[ANY_BROKER]
+        # The sub-request is the client's header (from its client id on) and body: the body alone is the key.
+        return (h.api_key, h.api_version, b"".join(bytes(p) for p in sub.tail)[h.body_offset - 8 :])
+
     def submit_elsewhere(self, plan: Forward, failed: Pending | Failed) -> Handles | None:
         """Ask another broker what any broker may answer (``failed``: the first one's); None when there is none to ask."""
-        broker = self.links.another_broker(failed.broker if isinstance(failed, Pending) else None)
+        if isinstance(failed, Pending) and isinstance(failed.failure, LinkClosed):
+            # Another client's request it shared (backends.flights): that client left, the broker is fine.
+            broker: int | None = failed.broker
+        else:
+            broker = self.links.another_broker(failed.broker if isinstance(failed, Pending) else None)
         link = None if broker is None else self.links.link(broker, Lane.MAIN)
         if link is None:
             return None
-        return {ANY_BROKER: link.submit(plan.subs[ANY_BROKER])}
+        flight = self._flight_key(plan)
+        shared = None if flight is None else self.cluster.flights.join(flight)
+        return {ANY_BROKER: shared if shared is not None else self._send(link, plan.subs[ANY_BROKER], flight)}
+
+    def _send(self, link: Link, sub: SubRequest, flight: FlightKey | None) -> Pending:
+        """``sub`` out on ``link``; with a flight key, identical requests may share its answer until it lands."""
+        pending = link.submit(sub)
+        if flight is not None:
+            self.cluster.flights.lead(flight, pending)
+        return pending
 
     async def answers(self, plan: Forward, handles: Handles, submitted_at: float) -> Gathered:
         """The brokers' answers, the handles they came by (a Fetch may have asked again), and the watermarks learned."""
@@ -130,7 +160,11 @@ class Dispatcher:
         """One broker's answer; a link's failure as the code the client is told."""
         try:
             payload = await pending.wait()
+        except LinkClosed:
+            self.cluster.flights.landed(pending)
+            return Failed(plan.route.failure.code(pending.written))  # a shared answer's requester left: asked again
         except LinkError as e:
+            self.cluster.flights.landed(pending)
             log.info("client %s: %s", self.client, e)
             if destination is ANY_BROKER:
                 self.links.default_failed(pending.broker)
@@ -138,6 +172,7 @@ class Dispatcher:
                 return Failed(errors.SASL_AUTHENTICATION_FAILED)
             self.cluster.request_refresh()
             return Failed(plan.route.failure.code(pending.written))
+        self.cluster.flights.landed(pending)
         if pending.done_at is not None and pending.created_at >= submitted_at:
             latency = pending.done_at - pending.created_at
             metrics.BROKER_LATENCY.labels(str(pending.broker), str(plan.header.api_key)).observe(latency)

@@ -179,7 +179,7 @@ class Forwarder:
         _count_errors(reply.errors)
         for (broker, locality), n in reply.fetched.items():
             metrics.FETCH_BYTES.labels(str(broker), locality).inc(n)
-        self._answer(slot, plan.header, reply.body, found.handles, found.answers)
+        self._answer(slot, plan.header, reply.body, found.handles, found.answers, plan.route.shares_answers)
 
     async def _sent(self, handles: Handles) -> None:
         """Until each sub-request is written to its broker (or failed), at most the request timeout."""
@@ -235,6 +235,7 @@ class Forwarder:
         body: Parts | None,
         handles: Handles | None = None,
         answers: Mapping[Destination, BrokerAnswer] | None = None,
+        shares_answers: bool = False,
     ) -> None:
         if body is not None:
             slot.parts = [response_header(h.api_key, h.api_version, h.correlation_id), *body]
@@ -245,7 +246,8 @@ class Forwarder:
             slot.size += response_bytes
         slot.done.set()
         if slot.captured is not None and self.capture is not None:
-            self.capture.offer(_capture_row(slot, h, f"{os.getpid()}-{self.client}", self.identity, handles or {}, answers or {}))
+            conn_id = f"{os.getpid()}-{self.client}"
+            self.capture.offer(_capture_row(slot, h, conn_id, self.identity, handles or {}, answers or {}, shares_answers))
 
 
 def _describe(h: RequestHeader) -> str:
@@ -258,15 +260,24 @@ def _count_errors(counts: Mapping[tuple[int, int], int]) -> None:
 
 
 def _capture_row(
-    slot: ResponseSlot, h: RequestHeader, conn_id: str, identity: Identity, handles: Handles, answers: Mapping[Destination, BrokerAnswer]
+    slot: ResponseSlot,
+    h: RequestHeader,
+    conn_id: str,
+    identity: Identity,
+    handles: Handles,
+    answers: Mapping[Destination, BrokerAnswer],
+    shares_answers: bool = False,
 ) -> CaptureRow:
+    """``shares_answers``: the request may have shared another client's (backends.flights), whose header the sub-request
+    bears: what this client's own would have been is recorded (its request as it came, with the cid sent)."""
     assert slot.captured is not None
     ts_start, request, topology = slot.captured
     subrequests = []
     for d, p in handles.items():
         if isinstance(p, Pending) and p.request is not None:
             answer = answers.get(d)  # as the merge saw it (None: failed, or not in yet)
-            subrequests.append((p.broker, p.request[4:], bytes(answer.payload) if isinstance(answer, Response) else None))
+            sent = p.request[4:12] + request[8:] if shares_answers else p.request[4:]
+            subrequests.append((p.broker, sent, bytes(answer.payload) if isinstance(answer, Response) else None))
     return CaptureRow(
         ts_start=ts_start,
         ts_end=time.time_ns(),

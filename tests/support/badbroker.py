@@ -27,6 +27,8 @@ verbatim or spoiled in one of these ways (:data:`MODES`):
 ``unknown_tags``
     flexible answers only: an unknown tagged field is added to the body's
     top-level tagged fields, which is legal Kafka (a newer broker's field)
+``late``
+    the answer, verbatim, :data:`LATE_S` late (and the connection's answers after it)
 
 A rule selects the answers it spoils by api key, by the client id of the
 request (kfan's control plane calls itself ``kfan``), by a probability drawn
@@ -52,6 +54,7 @@ import random
 import socket
 import struct
 import threading
+import time
 from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -72,7 +75,9 @@ CLOSE = "close"
 UNDECODABLE_METADATA = "undecodable_metadata"
 METADATA_NO_BROKERS = "metadata_no_brokers"
 UNKNOWN_TAGS = "unknown_tags"
-MODES = (PASS, GARBAGE, WRONG_CID, HUGE_PREFIX, HALF_FRAME, STALL, CLOSE, UNDECODABLE_METADATA, METADATA_NO_BROKERS, UNKNOWN_TAGS)
+LATE = "late"
+MODES = (PASS, GARBAGE, WRONG_CID, HUGE_PREFIX, HALF_FRAME, STALL, CLOSE, UNDECODABLE_METADATA, METADATA_NO_BROKERS, UNKNOWN_TAGS, LATE)
+LATE_S = 1.0
 
 METADATA = 3
 _METADATA_ONLY = frozenset({UNDECODABLE_METADATA, METADATA_NO_BROKERS})
@@ -84,7 +89,7 @@ _SIZE = struct.Struct(">i")
 _CID = struct.Struct(">i")
 
 # What a spoiled answer leaves behind on its connection.
-_GO, _SILENCE, _CLOSE = "go", "silence", "close"
+_GO, _SILENCE, _CLOSE, _LATE = "go", "silence", "close", "late"
 
 
 @dataclass(frozen=True, slots=True)
@@ -229,6 +234,8 @@ class _Connection:
                 with self._lock:
                     req = self.requests.pop(_CID.unpack_from(payload)[0], None)
                 out, after = self.owner._respond(req, payload)
+                if after == _LATE:
+                    time.sleep(LATE_S)
                 if out:
                     self.client.sendall(out)
                 if after == _CLOSE:
@@ -471,6 +478,8 @@ def _spoil(mode: str, req: Request, payload: bytes, noise: bytes) -> tuple[bytes
         return b"", _GO
     if mode == CLOSE:
         return b"", _CLOSE
+    if mode == LATE:
+        return _frame(payload), _LATE
     if mode == UNDECODABLE_METADATA:
         return _undecodable(req, payload)
     if mode == METADATA_NO_BROKERS:

@@ -1,0 +1,148 @@
+"""Identical Metadata requests out at once are sent once, and their answer shared (backends/flights.py).
+
+Through the real kfan in front of a one-broker embedded cluster whose broker
+sits behind the stand-in (:mod:`tests.support.badbroker`), which answers the
+test clients' Metadata a second late: requests made within that second are
+in flight together. Each client has its own client id, so the stand-in
+counts which of them reached the broker. What must hold: twenty identical
+requests make one broker request, and every client gets the whole answer
+under its own correlation id; different bodies are not shared; an answer
+that has landed is not reused (the next request is sent); and when the
+client whose request the others share leaves before the answer, the others
+are answered all the same (asked again on their own links).
+"""
+
+from __future__ import annotations
+
+import struct
+import uuid
+from collections.abc import Iterator
+
+import pytest
+import trio
+
+from backends.flights import MAX_FLIGHTS, Flights
+from backends.link import Pending
+from proxy.kafka import schema
+from proxy.kafka.headers import response_body_offset
+from proxy.tools.mock_cluster import MockCluster
+from tests.support.badbroker import LATE, BadBroker
+from tests.support.kfan import Kfan, kfan_at
+from tests.support.messages import request_bytes
+from tests.support.rawclient import RawClient
+
+TOPIC, OTHER = "flights", "flights-other"
+METADATA, VERSION = 3, 12
+CLIENTS = 20
+
+
+@pytest.fixture(scope="module")
+def kfan_late() -> Iterator[tuple[Kfan, BadBroker]]:
+    """kfan in front of one broker whose answers to the test's clients (client ids ``flight-*``) come a second late."""
+    with MockCluster(1) as cluster, BadBroker(cluster.brokers[1], seed=1, lifetime=600) as bad:
+        cluster.set_broker_address(1, "127.0.0.1", bad.port)
+        cluster.create_topic(TOPIC, 3)
+        cluster.create_topic(OTHER, 2)
+        bad.set_mode(LATE, api_keys=[METADATA], client_ids=[f"flight-{i}" for i in range(CLIENTS)])
+        with kfan_at(cluster.bootstrap) as k:
+            yield k, bad
+
+
+def _metadata(client: int, topics: list[str], correlation_id: int) -> bytes:
+    body = {"topics": [{"name": t, "topic_id": uuid.UUID(int=0)} for t in topics] if topics else None, "allow_auto_topic_creation": False}
+    payload = request_bytes(METADATA, VERSION, body, correlation_id, client_id=f"flight-{client}")
+    return struct.pack(">i", len(payload)) + payload
+
+
+def _answer(raw: RawClient) -> tuple[int, schema.Struct]:
+    payload = raw.receive(30)
+    assert payload is not None, "kfan closed the connection"
+    (cid,) = struct.unpack_from(">i", payload)
+    spec = schema.response_spec(METADATA, VERSION)
+    return cid, schema.decode_body(spec, payload, response_body_offset(payload, METADATA, VERSION))
+
+
+def _asked(bad: BadBroker) -> int:
+    """Metadata requests of the test's clients that reached the broker."""
+    return sum(bad.requests(METADATA, f"flight-{i}") for i in range(CLIENTS))
+
+
+def _all_at_once(k: Kfan, bodies: list[list[str]]) -> list[tuple[int, schema.Struct]]:
+    clients = [RawClient(k.address) for _ in bodies]
+    try:
+        for i, (raw, topics) in enumerate(zip(clients, bodies, strict=True)):
+            raw.send_bytes(_metadata(i, topics, 1000 + i))
+        return [_answer(raw) for raw in clients]
+    finally:
+        for raw in clients:
+            raw.close()
+
+
+def _topics(answer: schema.Struct) -> dict[str, int]:
+    return {t["name"]: len(t["partitions"]) for t in answer["topics"]}
+
+
+def test_identical_requests_at_once_make_one_broker_request(kfan_late: tuple[Kfan, BadBroker]) -> None:
+    k, bad = kfan_late
+    before = _asked(bad)
+    answers = _all_at_once(k, [[TOPIC]] * CLIENTS)
+    # More would mean the answer went to its first client only (dropped before the others read it: asked again).
+    assert _asked(bad) - before == 1, f"{_asked(bad) - before} broker requests for {CLIENTS} identical ones"
+    assert [cid for cid, _ in answers] == [1000 + i for i in range(CLIENTS)], "each client's own correlation id"
+    assert all(_topics(a) == {TOPIC: 3} for _, a in answers)
+    assert all(a == answers[0][1] for _, a in answers), "every client gets the whole of the same answer"
+
+
+def test_different_bodies_are_not_shared_and_a_landed_answer_is_not_reused(kfan_late: tuple[Kfan, BadBroker]) -> None:
+    k, bad = kfan_late
+    before = _asked(bad)
+    answers = _all_at_once(k, [[TOPIC], [OTHER], [TOPIC, OTHER]] * 4)
+    assert _asked(bad) - before == 3, "one broker request per distinct body"
+    assert [_topics(a) for _, a in answers[:3]] == [{TOPIC: 3}, {OTHER: 2}, {TOPIC: 3, OTHER: 2}]
+    _all_at_once(k, [[TOPIC]])
+    assert _asked(bad) - before == 4, "asked after the shared answer landed: sent afresh"
+
+
+def test_the_others_are_answered_when_the_client_they_share_with_leaves(kfan_late: tuple[Kfan, BadBroker]) -> None:
+    k, bad = kfan_late
+    before = _asked(bad)
+    leaver = RawClient(k.address)
+    leaver.send_bytes(_metadata(0, [TOPIC], 1))
+    others = [RawClient(k.address) for _ in range(3)]
+    try:
+        for i, raw in enumerate(others, start=1):
+            raw.send_bytes(_metadata(i, [TOPIC], 2000 + i))
+        leaver.close()  # before the answer, which comes a second (badbroker.LATE_S) after the request
+        answers = [_answer(raw) for raw in others]
+    finally:
+        for raw in others:
+            raw.close()
+    assert [cid for cid, _ in answers] == [2001, 2002, 2003]
+    assert all(_topics(a) == {TOPIC: 3} for _, a in answers)
+    # The leaver's request, and (once it left) one more for the others; never one each.
+    assert 1 <= _asked(bad) - before <= 2, f"{_asked(bad) - before} broker requests"
+
+
+# --- the table itself ---------------------------------------------------------------------------
+
+
+def test_a_flight_is_joined_until_it_lands_and_the_table_is_bounded() -> None:
+    async def main() -> None:
+        flights = Flights()
+        key = (METADATA, VERSION, b"body")
+        assert flights.join(key) is None
+        leader = Pending()
+        flights.lead(key, leader)
+        joined = flights.join(key)
+        assert joined is leader and leader.waiters == 2
+        leader.set(b"answer")
+        assert flights.join(key) is None, "answered: later requests ask afresh"
+        assert len(flights) == 0
+        for i in range(MAX_FLIGHTS + 10):
+            flights.lead((METADATA, VERSION, b"%d" % i), Pending())
+        assert len(flights) == MAX_FLIGHTS
+        last = (METADATA, VERSION, b"%d" % (MAX_FLIGHTS + 5))
+        assert flights.join(last) is None, "past the bound, requests are simply sent"
+        flights.landed(Pending())  # never led: nothing happens
+
+    trio.run(main)
