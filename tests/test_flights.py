@@ -17,17 +17,20 @@ from __future__ import annotations
 import struct
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import trio
 
 from backends.flights import MAX_FLIGHTS, Flights
 from backends.link import Pending
+from proxy.capture.rows import read_rows
 from proxy.kafka import schema
 from proxy.kafka.headers import response_body_offset
 from proxy.tools.mock_cluster import MockCluster
+from spark.checks import check_exchange
 from tests.support.badbroker import LATE, BadBroker
-from tests.support.kfan import Kfan, kfan_at
+from tests.support.kfan import Kfan, kfan_at, start_kfan
 from tests.support.messages import request_bytes
 from tests.support.rawclient import RawClient
 
@@ -146,3 +149,27 @@ def test_a_flight_is_joined_until_it_lands_and_the_table_is_bounded() -> None:
         flights.landed(Pending())  # never led: nothing happens
 
     trio.run(main)
+
+
+def test_shared_answers_are_captured_as_each_client_asked_and_replay_clean(tmp_path: Path) -> None:
+    """With traffic capture on, each client's exchange records its own sub-request (its client id), not the one
+    it shared: the replay checks find nothing to report."""
+    directory = tmp_path / "capture"
+    with MockCluster(1) as cluster, BadBroker(cluster.brokers[1], seed=1, lifetime=600) as bad:
+        cluster.set_broker_address(1, "127.0.0.1", bad.port)
+        cluster.create_topic(TOPIC, 3)
+        bad.set_mode(LATE, api_keys=[METADATA], client_ids=[f"flight-{i}" for i in range(CLIENTS)])
+        k = start_kfan(cluster.bootstrap, "--capture", str(directory))
+        try:
+            before = _asked(bad)
+            _all_at_once(k, [[TOPIC]] * 5)
+            assert _asked(bad) - before == 1
+        finally:
+            assert k.stop() == 0
+    rows = [r for r in read_rows(directory) if r.api_key == METADATA and r.request[8:10] == b"\x00\x08"]  # client id "flight-N"
+    assert len(rows) == 5
+    for row in rows:
+        ((_, sent, _),) = row.subrequests
+        assert sent[8:] == row.request[8:], "the sub-request is this client's own request (its header, its body)"
+        result = check_exchange(row)
+        assert not result.findings and not result.peer_findings, (result.findings, result.peer_findings)
