@@ -866,6 +866,16 @@ def test_grace_period_covers_the_prestop_sleep_and_kfans_drain() -> None:
         render(BASE | {"terminationGracePeriodSeconds": 30})
 
 
+def test_a_rolling_update_keeps_every_replica_ready() -> None:
+    """By default a new pod is ready before an old one goes (maxUnavailable 0, maxSurge 1); both are values."""
+    strategy = one(render(BASE), "Deployment")["spec"]["strategy"]
+    assert strategy == {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 0, "maxSurge": 1}}
+    custom = one(render(BASE | {"rollingUpdate": {"maxUnavailable": "25%", "maxSurge": 2}}), "Deployment")["spec"]["strategy"]
+    assert custom["rollingUpdate"] == {"maxUnavailable": "25%", "maxSurge": 2}
+    with pytest.raises(helm.HelmValuesError):
+        render(BASE | {"rollingUpdate": {"maxUnavailable": "most"}})
+
+
 def test_anti_affinity_and_topology_spread() -> None:
     def pod(values: dict[str, Any]) -> dict[str, Any]:
         return one(render(BASE | values), "Deployment")["spec"]["template"]["spec"]
