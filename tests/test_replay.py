@@ -7,10 +7,12 @@ calls (which the mock lacks) through kfan in front of Tansu, both with
 
 - ``kfan replay DIR --report OUT`` (PySpark, local mode) finds no regression
   and writes the JSON and HTML report;
-- the same capture through each deliberately broken core (a split that drops
-  a partition, a double size prefix, swapped responses: tests/support/broken_cores.py,
-  run by the same Spark job through tests/support/broken_replay.py) exits
-  non-zero and names exchanges that the break really affects;
+- each deliberately broken core (a split that drops a partition, a double
+  size prefix, swapped responses: tests/support/broken_cores.py) is caught by
+  the checks the job runs on every exchange, only where the break really
+  applies; and the Spark job with one of them (tests/support/broken_replay.py)
+  exits non-zero and names those exchanges (one Spark job, not three: each
+  takes half a minute, and the job treats every kind of finding alike);
 - ``kfan replay DIR --target`` against a running kfan gets the same answers
   (read-only requests), and against a kfan in front of a cluster without the
   topic reports the differences;
@@ -45,8 +47,10 @@ from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 from proxy.capture.rows import CaptureRow, read_rows
 from proxy.tools.mock_cluster import MockCluster
 from proxy.tools.pcap import _packets as pcap_packets
+from spark.checks import check_exchange
 from tests.support import ROOT
 from tests.support.apt import ensure_command
+from tests.support.broken_cores import BROKEN_CORES
 from tests.support.kfan import start_kfan
 from tests.support.processes import follow_output
 from tests.support.spark import quick_jvm_env
@@ -199,8 +203,30 @@ def test_spark_replay_of_real_traffic_finds_no_regression(captured: Captured, ja
     assert "kfan replay: no regressions" in html and html.count("<svg") == 2
 
 
-@pytest.mark.parametrize("broken", ["drop-partition", "double-prefix", "swap-responses"])
-def test_broken_core_makes_the_job_fail_and_name_the_exchanges(captured: Captured, java: str, tmp_path: Path, broken: str) -> None:
+EXPECTED_KIND = {"drop-partition": "split", "double-prefix": "one size prefix", "swap-responses": "merge"}
+
+
+def _may_regress(row: CaptureRow, broken: str) -> bool:
+    """Only exchanges the break can affect: partition-keyed ones, with a response to compare; swapping needs two brokers' answers."""
+    if row.api_key not in (0, 1, 2, 21, 23, 61) or row.response is None:
+        return False
+    return broken != "swap-responses" or len(row.subrequests) > 1
+
+
+@pytest.mark.parametrize("broken", sorted(EXPECTED_KIND))
+def test_the_checks_catch_each_broken_core_where_it_breaks(captured: Captured, broken: str) -> None:
+    """Each break, through the checks the Spark job runs on every exchange (without Spark: the job itself is below)."""
+    core = BROKEN_CORES[broken]
+    flagged = [(row, result) for row in captured.rows if (result := check_exchange(row, core)).findings]
+    assert flagged, f"{broken}: no exchange flagged"
+    assert all(_may_regress(row, broken) for row, _ in flagged), [(r.api_key, res.findings) for r, res in flagged]
+    assert EXPECTED_KIND[broken] in {f.check for _, result in flagged for f in result.findings}
+    assert not [r for r in captured.rows if check_exchange(r).findings], "the real core regresses nowhere"
+
+
+def test_a_broken_core_makes_the_job_fail_and_name_the_exchanges(captured: Captured, java: str, tmp_path: Path) -> None:
+    """The Spark job with one broken core (the checks catch the others the same way, above): it fails and names them."""
+    broken = "swap-responses"
     out = broken_replay(broken, str(captured.directory), "--report", str(tmp_path / "report"))
     assert out.returncode == 1, out.stdout + out.stderr[-3000:]
     report = json.loads((tmp_path / "report.json").read_text())
@@ -211,13 +237,9 @@ def test_broken_core_makes_the_job_fail_and_name_the_exchanges(captured: Capture
     for key, version, conn, cid in named:
         row = rows[(conn, int(cid))]
         assert (row.api_key, row.api_version) == (int(key), int(version))
-        # Only exchanges the break can affect are named: partition-keyed ones, with
-        # a response to compare; swapping needs two brokers' answers.
-        assert row.api_key in (0, 1, 2, 21, 23, 61) and row.response is not None
-        if broken == "swap-responses":
-            assert len(row.subrequests) > 1
+        assert _may_regress(row, broken)
     kinds = {f[0] for a in report["apis"] for e in a["examples"] for f in e["findings"]}
-    assert {"drop-partition": "split", "double-prefix": "one size prefix", "swap-responses": "merge"}[broken] in kinds, kinds
+    assert EXPECTED_KIND[broken] in kinds, kinds
 
 
 def test_live_replay_gets_the_same_answers_from_a_running_kfan(captured: Captured) -> None:
