@@ -156,9 +156,9 @@ def test_each_client_logs_in_to_the_brokers_as_itself(tmp_path_factory: pytest.T
 # --- re-authentication on both sides -----------------------------------------------------
 
 
-def test_sixty_seconds_of_short_sessions_lose_and_duplicate_nothing(tmp_path_factory: pytest.TempPathFactory, secrets: KfanSecrets) -> None:
+def test_thirty_seconds_of_short_sessions_lose_and_duplicate_nothing(tmp_path_factory: pytest.TempPathFactory, secrets: KfanSecrets) -> None:
     """Broker sessions of 3 s and client sessions of 3 s: every link and every client logs in again
-    about every 2.5 s for a minute, and the records arrive exactly once, in order."""
+    about every 2.5 s for half a minute (a dozen times each), and the records arrive exactly once, in order."""
     with SecureCluster.for_tests(tmp_path_factory, session_lifetime_ms=3000) as cluster:
         k = start_kfan(
             cluster.bootstrap, *broker_args(cluster), *secrets.sasl_args(), "--client-session-lifetime", "3",
@@ -169,13 +169,13 @@ def test_sixty_seconds_of_short_sessions_lose_and_duplicate_nothing(tmp_path_fac
             security = ClientSecurity(mechanism="SCRAM-SHA-512", username="alice", password=secrets.passwords["alice"])
             flow = Flow(topic, k, k, rate=200, group=f"g-{uuid.uuid4().hex[:6]}", security=security).start()
             try:
-                time.sleep(60)  # real time: sessions of 3 s ending, one after the other, for a minute
+                time.sleep(30)  # real time: sessions of 3 s ending, one after the other, for half a minute
                 flow.finish(timeout=60)
             finally:
                 _close_producer(flow)
             delivered = flow.reports.ok
             assert flow.reports.failed == {}, list(flow.reports.failed.values())[:3]
-            assert len(delivered) == flow.sent > 10_000
+            assert len(delivered) == flow.sent > 5_000
             values = [int(v) for _, _, _, v in flow.consumed]
             assert len(values) == len(set(values)) == len(delivered), "records lost or consumed twice"
             assert _counter(k, "kfan_broker_authentications_total", result="reauthenticated") >= 20
