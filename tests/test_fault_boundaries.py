@@ -31,6 +31,7 @@ from proxy.core import (
     ROUTES,
     Context,
     Coordinator,
+    Failed,
     FetchForward,
     ForgetCoordinators,
     Forward,
@@ -183,6 +184,26 @@ def test_undecodable_answers_in_batched_and_every_broker_merges() -> None:
     body = schema.decode_body(schema.response_spec(apis.LIST_GROUPS, 4), b"".join(bytes(p) for p in reply.body))
     assert body["error_code"] == errors.COORDINATOR_NOT_AVAILABLE
     assert [g["group_id"] for g in body["groups"]] == ["g1", "g1"]
+
+
+@pytest.mark.parametrize(("api_key", "version"), [(apis.OFFSET_COMMIT, 9), (apis.OFFSET_COMMIT, 2), (28, 4), (28, 0)])
+def test_a_failed_coordinator_is_reported_per_partition_where_there_is_no_top_level_error(api_key: int, version: int) -> None:
+    """OffsetCommit and TxnOffsetCommit carry errors per partition only: the coordinator's failure is
+    NOT_COORDINATOR on every partition the client named (found by the fault suite: with Kafka's own
+    consumer committing while a broker was killed, kfan closed the connection instead)."""
+    topic = schema.request_spec(api_key, version).field("topics").struct
+    assert topic is not None and (partition := topic.field("partitions").struct) is not None
+    partitions = [{**partition.blank(), "partition_index": i, "committed_offset": 5} for i in (0, 2)]
+    body = {"group_id": "g", "transactional_id": "tx", "topics": [{**topic.blank(), "name": "t", "partitions": partitions}]}
+    plan = plan_request(_context(), request_bytes(api_key, version, body))
+    assert isinstance(plan, Forward)
+    (target,) = plan.subs
+    reply = plan.merge(plan, {target: Failed(errors.NETWORK_EXCEPTION)})
+    answer = schema.decode_body(schema.response_spec(api_key, version), b"".join(bytes(p) for p in reply.body))
+    assert [(t["name"], [(p["partition_index"], p["error_code"]) for p in t["partitions"]]) for t in answer["topics"]] == [
+        ("t", [(0, errors.NOT_COORDINATOR), (2, errors.NOT_COORDINATOR)])
+    ]
+    assert [e for e in reply.effects if isinstance(e, ForgetCoordinators)] == [ForgetCoordinators(frozenset({target}))]
 
 
 def test_describe_groups_of_16000_groups_is_planned_by_broker_in_linear_time() -> None:

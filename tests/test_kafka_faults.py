@@ -89,7 +89,7 @@ def quorum_kafka(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaClus
 @pytest.fixture(scope="module")
 def quorum_kfan(quorum_kafka: KafkaCluster) -> Iterator[Kfan]:
     """kfan in front of it, for the whole module: it must live through every fault."""
-    yield from kfan_for_session(quorum_kafka.bootstrap, "kfan (faults)")
+    yield from kfan_for_session(quorum_kafka.bootstrap, "kfan (faults)", "--metrics-listen", "127.0.0.1:0")
 
 
 @pytest.fixture
@@ -279,8 +279,9 @@ def _broker_metadata(kafka: KafkaCluster) -> dict[int, float]:
 
 def test_a_metadata_storm_is_not_multiplied(quorum_kafka: KafkaCluster, quorum_kfan: Kfan) -> None:
     """100 producers over 1,000 partitions through one kfan when a broker dies: every client asks for Metadata
-    again and again. kfan must not add to that storm: the Metadata requests the brokers get from it stay at most
-    the number its clients send it (concurrent refreshes are coalesced)."""
+    again and again. kfan must not multiply that storm: identical requests out at once are sent once
+    (backends/flights.py), and its own refreshes are coalesced. Counted where they land: Kafka's own request
+    metrics on every broker, against kfan's count of what its clients sent."""
     kafka, kfan = quorum_kafka, quorum_kfan
     topic = f"storm-{uuid.uuid4().hex[:8]}"
     kafka.create_topic(topic, STORM_PARTITIONS)
@@ -301,10 +302,11 @@ def test_a_metadata_storm_is_not_multiplied(quorum_kafka: KafkaCluster, quorum_k
                 p.produce(topic, value=b"x", partition=i % STORM_PARTITIONS, on_delivery=delivered)
                 p.poll(0)
                 i += 7
-            time.sleep(0.05)
+            time.sleep(0.5)  # 200 records a second in all: the storm is of Metadata, not of records
 
     loader = threading.Thread(target=load, name="storm load")
     loader.start()
+    unsent = 0
     try:
         time.sleep(5)  # every producer has its metadata and sends
         victim = _leading_most(kafka, topic)
@@ -316,7 +318,8 @@ def test_a_metadata_storm_is_not_multiplied(quorum_kafka: KafkaCluster, quorum_k
     finally:
         stop.set()
         loader.join(30)
-    unsent = sum(p.flush(60) for p in producers)
+        unsent = sum(p.flush(60) for p in producers)
+        del producers[:]  # closed: kfan keeps no connection of theirs for the next test
     clients, brokers_after = _client_metadata(kfan) - clients_before, _broker_metadata(kafka)
     # The victim's counters started again from 0 with it; nothing reached it while it was down.
     sent = sum(brokers_after[b] - brokers_before[b] for b in kafka.brokers if b != victim) + brokers_after[victim]
@@ -324,7 +327,9 @@ def test_a_metadata_storm_is_not_multiplied(quorum_kafka: KafkaCluster, quorum_k
     _restore(kafka, topic)
     assert unsent == 0 and errors == [], f"{unsent} records unsent, delivery errors {errors[:5]}"
     assert clients > STORM_PRODUCERS, "the clients' storm did not happen: the test measures nothing"
-    assert sent <= clients, f"kfan sent the brokers {sent:.0f} Metadata requests for its clients' {clients:.0f}"
+    # A hundred clients ask at the same moments: coalesced, kfan's requests are a small part of theirs. (Sending
+    # each on, it was 613 for 650: kfan's own refreshes are coalesced, the clients' were not.)
+    assert sent * 4 <= clients, f"kfan sent the brokers {sent:.0f} Metadata requests for its clients' {clients:.0f}"
 
 
 # --- kfan's own restarts ------------------------------------------------------------------------

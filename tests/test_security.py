@@ -156,7 +156,9 @@ def test_each_client_logs_in_to_the_brokers_as_itself(tmp_path_factory: pytest.T
 # --- re-authentication on both sides -----------------------------------------------------
 
 
-def test_thirty_seconds_of_short_sessions_lose_and_duplicate_nothing(tmp_path_factory: pytest.TempPathFactory, secrets: KfanSecrets) -> None:
+def test_thirty_seconds_of_short_sessions_lose_and_duplicate_nothing(
+    tmp_path_factory: pytest.TempPathFactory, secrets: KfanSecrets
+) -> None:
     """Broker sessions of 3 s and client sessions of 3 s: every link and every client logs in again
     about every 2.5 s for half a minute (a dozen times each), and the records arrive exactly once, in order."""
     with SecureCluster.for_tests(tmp_path_factory, session_lifetime_ms=3000) as cluster:

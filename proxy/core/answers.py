@@ -10,7 +10,7 @@ from typing import Any
 
 from ..kafka import skim
 from ..kafka.headers import RequestHeader, response_body_offset
-from ..kafka.schema import Struct, decode_body, encode_body, request_spec, response_spec
+from ..kafka.schema import Struct, StructSpec, decode_body, encode_body, request_spec, response_spec
 from ..kafka.wire import Malformed, Parts, Reader
 from . import undecodable
 from .plan import Answers, BrokerUnavailable, Destination, Failed, NotYet, Response, SubRequest
@@ -112,6 +112,34 @@ def error_body(hdr: RequestHeader, code: int) -> Parts:
     body = spec.blank()
     body["error_code"] = code
     return encode_body(spec, body)
+
+
+def mirrored_error_body(hdr: RequestHeader, request: Struct, code: int) -> Parts:
+    """A response naming what the request named, every error code ``code``: for APIs whose errors are per entry.
+
+    Arrays of structs and single values the response shares by name with the request (OffsetCommit's
+    ``topics``, ``name``, ``partitions``, ``partition_index``) are copied; everything else is blank. Raises
+    :class:`BrokerUnavailable` when no error code would carry ``code`` (nothing named, or nothing to name it in).
+    """
+    spec = response_spec(hdr.api_key, hdr.api_version)
+    body = _mirrored(spec, request, code)
+    if code not in error_codes(body):
+        raise BrokerUnavailable(f"api_key {hdr.api_key} has no error code in which to report {code}")
+    return encode_body(spec, body)
+
+
+def _mirrored(spec: StructSpec, request: Struct, code: int) -> Struct:
+    out = spec.blank()
+    for f in spec.fields:
+        if f.struct is None and not f.array and f.name.endswith("error_code"):
+            out[f.name] = code
+        elif f.name not in request:
+            continue
+        elif f.array and f.struct is not None and isinstance(entries := request[f.name], list):
+            out[f.name] = [_mirrored(f.struct, e, code) for e in entries if isinstance(e, dict)]
+        elif f.struct is None and not f.array and not isinstance(request[f.name], (dict, list)):
+            out[f.name] = request[f.name]
+    return out
 
 
 def fold_top_level(bodies: Iterable[Struct], error: int = 0) -> tuple[int, int]:

@@ -29,6 +29,7 @@ from .answers import (
     error_body,
     error_codes,
     fold_top_level,
+    mirrored_error_body,
     passthrough_body,
     reencoded,
     split_answer,
@@ -137,7 +138,10 @@ def _coordinator_error_body(route: Route[Any], hdr: RequestHeader, request: Stru
     """NOT_COORDINATOR for a coordinator we could not reach: the client looks it up again."""
     batch = batch_of(route, request)
     if batch is None:
-        return error_body(hdr, errors.NOT_COORDINATOR)
+        # OffsetCommit and TxnOffsetCommit have no top-level error code: each partition the client named gets it.
+        if response_spec(hdr.api_key, hdr.api_version).has("error_code"):
+            return error_body(hdr, errors.NOT_COORDINATOR)
+        return mirrored_error_body(hdr, request, errors.NOT_COORDINATOR)
     spec = response_spec(hdr.api_key, hdr.api_version)
     body = spec.blank()
     body[batch.response_array] = [_batch_error_entry(hdr, batch, e, errors.NOT_COORDINATOR) for e in request[batch.request_array]]

@@ -21,9 +21,9 @@ def start_kfan(bootstrap: str, *extra: str, env: Mapping[str, str] | None = None
     return _start_kfan(bootstrap, *extra, env=env, wait=wait)
 
 
-def kfan_for_session(bootstrap: str, name: str) -> Iterator[Kfan]:
+def kfan_for_session(bootstrap: str, name: str, *extra: str) -> Iterator[Kfan]:
     """A kfan process that must live through the session and stop cleanly at its end."""
-    k = start_kfan(bootstrap, "--metadata-refresh", "2")
+    k = start_kfan(bootstrap, "--metadata-refresh", "2", *extra)
     yield k
     alive = k.alive()
     code = k.stop()
