@@ -265,8 +265,9 @@ METADATA_MBEAN = "kafka.network:type=RequestMetrics,name=RequestsPerSec,request=
 
 
 def _client_metadata(kfan: Kfan) -> float:
-    """Metadata requests kfan's clients have sent it (every version)."""
-    _, text = http_get(f"http://127.0.0.1:{metrics_port_in(kfan.log)}/metrics")
+    """Metadata requests kfan's clients have sent it (every version). Read with a long timeout: while a hundred
+    clients connect and each gets Metadata of 1,000 partitions, kfan's metrics have taken more than 5 s to answer."""
+    _, text = http_get(f"http://127.0.0.1:{metrics_port_in(kfan.log)}/metrics", timeout=60)
     samples = parse_samples(text).get("kfan_client_requests_total", [])
     return sum(v for labels, v in samples if labels_of(labels).get("api_key") == "3")
 

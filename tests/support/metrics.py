@@ -9,10 +9,10 @@ import urllib.request
 from tests.support.waiting import wait_for_line
 
 
-def http_get(url: str) -> tuple[int, str]:
+def http_get(url: str, timeout: float = 5) -> tuple[int, str]:
     """GET ``url``: (status, body), error statuses included."""
     try:
-        with urllib.request.urlopen(url, timeout=5) as r:
+        with urllib.request.urlopen(url, timeout=timeout) as r:
             return r.status, r.read().decode()
     except urllib.error.HTTPError as e:
         return e.code, e.read().decode()
