@@ -7,6 +7,7 @@ saved (no example database); a test's own ``@settings`` still sets its example c
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -73,6 +74,22 @@ def kfan_kafka(apache_kafka: KafkaCluster) -> Iterator[Kfan]:
     yield from kfan_for_session(apache_kafka.bootstrap, "kfan (apache kafka)")
 
 
+@pytest.fixture(scope="module")
+def quorum_kafka(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaCluster]:
+    """The fault suites' own Apache Kafka 4, one per module: a quorum of three controllers (so that the active one
+    can be killed) and three brokers, RF 3, min ISR 2. Its nodes are stopped, killed and paused; the session's
+    cluster is not."""
+    with KafkaCluster(tmp_path_factory.mktemp("kafka-faults"), controllers=3) as kafka:
+        yield kafka
+        kafka.kill()  # thrown away: its six nodes' shutdown took 27 s
+
+
+@pytest.fixture(scope="module")
+def quorum_kfan(quorum_kafka: KafkaCluster) -> Iterator[Kfan]:
+    """kfan in front of it, for the whole module: it must live through every fault."""
+    yield from kfan_for_session(quorum_kafka.bootstrap, "kfan (faults)", "--metrics-listen", "127.0.0.1:0")
+
+
 @pytest.fixture(scope="session")
 def apache_kafka_3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaCluster]:
     """Apache Kafka 3.9, the last line serving the request versions Kafka 4 removed (KIP-896), for old
@@ -87,6 +104,34 @@ def kfan_kafka_3(apache_kafka_3: KafkaCluster) -> Iterator[Kfan]:
     """kfan in front of Apache Kafka 3.9."""
     yield from kfan_for_session(apache_kafka_3.bootstrap, "kfan (apache kafka 3)")
 
+
+# Two streams, one per core (pytest-xdist: ``-n 2 --dist loadgroup`` in pyproject.toml). These modules spend
+# most of their time waiting on processes of their own (the fault suite's cluster, Kafka 3.9, Spark, a fresh
+# venv) and share no session fixture but the cheap embedded cluster with the rest: they run beside it, each
+# stream in collection order, instead of after it.
+SIDE_STREAM = frozenset(
+    {
+        "test_kafka_faults.py",
+        "test_kafka_faults_long.py",
+        "test_replay.py",
+        "test_replay_batches.py",
+        "test_replay_cluster.py",
+        "test_demo.py",
+        "test_old_clients.py",
+        "test_apache_kafka_support.py",
+    }
+)
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        item.add_marker(pytest.mark.xdist_group("side" if item.path.name in SIDE_STREAM else "main"))
+
+
+# The fault scenarios one by one, each with its own load, figures and recovery, take twice as long as the
+# continuous run in tests/test_kafka_faults.py that CI runs: collected only when asked for.
+collect_ignore = [] if os.environ.get("KFAN_LONG_FAULTS") == "1" else ["test_kafka_faults_long.py"]
 
 _topics = iter(range(1, 1_000_000))
 

@@ -38,3 +38,10 @@ def parse_samples(text: str) -> dict[str, list[tuple[str, float]]]:
 def labels_of(text: str) -> dict[str, str]:
     """A sample's labels as :func:`parse_samples` gives them (``{broker="1"}``), as a dict."""
     return dict(re.findall(r'(\w+)="([^"]*)"', text))
+
+
+def metric_total(log: list[str], family: str, timeout: float = 5, **labels: str) -> float:
+    """The sum of ``family``'s samples whose labels include ``labels``, read from the metrics endpoint of the
+    kfan process that logged ``log``."""
+    _, text = http_get(f"http://127.0.0.1:{metrics_port_in(log)}/metrics", timeout=timeout)
+    return sum(v for found, v in parse_samples(text).get(family, []) if labels.items() <= labels_of(found).items())

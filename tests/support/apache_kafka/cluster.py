@@ -338,6 +338,14 @@ class KafkaCluster:
                     stop_process(node.process, 30)  # already told to stop: waits, then SIGKILL
                     node.process = None
 
+    def kill(self) -> None:
+        """Every node SIGKILLed at once: a cluster thrown away, whose controlled shutdown would only cost time."""
+        for node in self.nodes.values():
+            if node.process is not None:
+                node.process.kill()
+                node.process.wait(30)
+                node.process = None
+
     def stop_broker(self, broker_id: int, *, kill: bool = False) -> None:
         """Stop one broker (or controller): a controlled shutdown (SIGTERM), or ``kill``: SIGKILL, as a crash would."""
         node = self.nodes[broker_id]

@@ -168,13 +168,14 @@ class Verdict:
     send_errors: Counter[str] = field(default_factory=Counter)  # failed sends by exception, as the producer saw them
     longest_stall_ms: int = 0  # the longest time between two acknowledgements
     commit_failures: int = 0
+    aborted_seen: list[str] = field(default_factory=list)  # values of aborted transactions a read_committed consumer got
 
     def row(self) -> str:
         errors = sum(self.send_errors.values())
         return (
             f"acked {self.acked}, consumed {self.consumed}, lost {len(self.lost)}, duplicates {len(self.written_twice)}, "
             f"out of order {len(self.out_of_order)}, send errors {errors}, failed commits {self.commit_failures}, "
-            f"longest produce stall {self.longest_stall_ms} ms"
+            f"longest produce stall {self.longest_stall_ms} ms" + (f", aborted seen {len(self.aborted_seen)}" if self.aborted_seen else "")
         )
 
 
@@ -213,3 +214,47 @@ def caught_up(producer: VerifiableProducer, consumer: VerifiableConsumer, timeou
         timeout,
         seen=lambda: f"missing {len(acked - consumer.values())}; consumer log:\n{consumer.log_tail()}",
     )
+
+
+class VerifiableRun:
+    """A verifiable producer and a verifiable consumer (in its own group) on one topic: one side of a fault test."""
+
+    def __init__(self, bootstrap: str, topic: str, workdir: Path, *, throughput: int, name: str) -> None:
+        self.name = name
+        self.topic = topic
+        self.producer = VerifiableProducer(bootstrap, topic, workdir, throughput=throughput, name=f"producer-{name}")
+        self.consumer = VerifiableConsumer(bootstrap, topic, f"group-{topic}", workdir, name=f"consumer-{name}")
+
+    def start(self) -> None:
+        self.consumer.start()
+        self.producer.start()
+
+    def acked(self) -> int:
+        return self.producer.acked()
+
+    def consuming(self) -> bool:
+        return self.consumer.consumed() > 0
+
+    def acks(self) -> list[tuple[int, int]]:
+        """(time, 1) for every acknowledged send."""
+        return [(e["timestamp"], 1) for e in self.producer.named("producer_send_success")]
+
+    def errors(self) -> list[tuple[int, str]]:
+        """(time, what) for every error the clients reported: failed sends (by exception) and failed commits."""
+        sends = [(e["timestamp"], str(e.get("exception", "?")).rsplit(".", 1)[-1]) for e in self.producer.named("producer_send_error")]
+        commits = [(e["timestamp"], "commit failed") for e in self.consumer.named("offsets_committed") if not e.get("success", True)]
+        return sends + commits
+
+    def finish(self, timeout: float) -> Verdict:
+        """Stop producing, let the consumer read everything acknowledged, stop it: the verdict."""
+        self.producer.stop()
+        caught_up(self.producer, self.consumer, timeout)
+        self.consumer.stop()
+        return verdict(self.producer, self.consumer)
+
+    def stop(self) -> None:
+        self.producer.stop()
+        self.consumer.stop()
+
+    def log_tail(self) -> str:
+        return self.producer.log_tail() + "\n" + self.consumer.log_tail()
