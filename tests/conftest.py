@@ -105,10 +105,10 @@ def kfan_kafka_3(apache_kafka_3: KafkaCluster) -> Iterator[Kfan]:
     yield from kfan_for_session(apache_kafka_3.bootstrap, "kfan (apache kafka 3)")
 
 
-# Two streams, one per core (pytest-xdist: ``-n 2 --dist loadgroup`` in pyproject.toml). These modules spend
-# most of their time waiting on processes of their own (the fault suite's cluster, Kafka 3.9, Spark, a fresh
-# venv) and share no session fixture but the cheap embedded cluster with the rest: they run beside it, each
-# stream in collection order, instead of after it.
+# Two streams, one per core (pytest-xdist, ``-n 2`` in pyproject.toml). These modules spend most of their time
+# waiting on processes of their own (the fault suite's cluster, Kafka 3.9, Spark, a fresh venv) and share no
+# session fixture but the cheap embedded cluster with the rest: they run beside it, each stream in collection
+# order, instead of after it.
 SIDE_STREAM = frozenset(
     {
         "test_kafka_faults.py",
@@ -123,10 +123,17 @@ SIDE_STREAM = frozenset(
 )
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    for item in items:
-        item.add_marker(pytest.mark.xdist_group("side" if item.path.name in SIDE_STREAM else "main"))
+@pytest.hookimpl(optionalhook=True, tryfirst=True)  # optional: without xdist (-p no:xdist) the hook is unknown
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
+    """Two work units, "side" and "main", one per worker. (Not xdist's ``--dist loadgroup``: with pytest 9 its
+    group markers are lost, every test lands on either worker and each starts its own Apache Kafka.)"""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class TwoStreams(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return "side" if nodeid.split("::", 1)[0].rsplit("/", 1)[-1] in SIDE_STREAM else "main"
+
+    return TwoStreams(config, log)
 
 
 # The fault scenarios one by one, each with its own load, figures and recovery, take twice as long as the
