@@ -105,37 +105,6 @@ def kfan_kafka_3(apache_kafka_3: KafkaCluster) -> Iterator[Kfan]:
     yield from kfan_for_session(apache_kafka_3.bootstrap, "kfan (apache kafka 3)")
 
 
-# Two streams, one per core (pytest-xdist, ``-n 2`` in pyproject.toml). These modules spend most of their time
-# waiting on processes of their own (the fault suite's cluster, Kafka 3.9, Spark, a fresh venv) and share no
-# session fixture but the cheap embedded cluster with the rest: they run beside it, each stream in collection
-# order, instead of after it.
-SIDE_STREAM = frozenset(
-    {
-        "test_kafka_faults.py",
-        "test_kafka_faults_long.py",
-        "test_replay.py",
-        "test_replay_batches.py",
-        "test_replay_cluster.py",
-        "test_demo.py",
-        "test_old_clients.py",
-        "test_apache_kafka_support.py",
-    }
-)
-
-
-@pytest.hookimpl(optionalhook=True, tryfirst=True)  # optional: without xdist (-p no:xdist) the hook is unknown
-def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
-    """Two work units, "side" and "main", one per worker. (Not xdist's ``--dist loadgroup``: with pytest 9 its
-    group markers are lost, every test lands on either worker and each starts its own Apache Kafka.)"""
-    from xdist.scheduler import LoadScopeScheduling
-
-    class TwoStreams(LoadScopeScheduling):
-        def _split_scope(self, nodeid: str) -> str:
-            return "side" if nodeid.split("::", 1)[0].rsplit("/", 1)[-1] in SIDE_STREAM else "main"
-
-    return TwoStreams(config, log)
-
-
 # The fault scenarios one by one, each with its own load, figures and recovery, take twice as long as the
 # continuous run in tests/test_kafka_faults.py that CI runs: collected only when asked for.
 collect_ignore = [] if os.environ.get("KFAN_LONG_FAULTS") == "1" else ["test_kafka_faults_long.py"]
