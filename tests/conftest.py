@@ -90,16 +90,17 @@ def quorum_kfan(quorum_kafka: KafkaCluster) -> Iterator[Kfan]:
     yield from kfan_for_session(quorum_kafka.bootstrap, "kfan (faults)", "--metrics-listen", "127.0.0.1:0")
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def apache_kafka_3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaCluster]:
     """Apache Kafka 3.9, the last line serving the request versions Kafka 4 removed (KIP-896), for old
-    clients: the same layout as ``apache_kafka``. Started only when a test asks for it (four more JVMs).
+    clients: the same layout as ``apache_kafka``. One per module that asks for it (tests/test_old_clients.py): idle, its four
+    JVMs burnt 9% of a core all session long.
 
     Its nodes' logs stay in pytest's temporary directory (``apache-kafka-3*``)."""
     yield from _kafka_for_session(tmp_path_factory.mktemp("apache-kafka-3"), KAFKA_3, "Apache Kafka 3")
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def kfan_kafka_3(apache_kafka_3: KafkaCluster) -> Iterator[Kfan]:
     """kfan in front of Apache Kafka 3.9."""
     yield from kfan_for_session(apache_kafka_3.bootstrap, "kfan (apache kafka 3)")

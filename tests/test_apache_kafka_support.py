@@ -2,14 +2,10 @@
 
 from __future__ import annotations
 
-from functools import partial
-from pathlib import Path
-
 import pytest
 
-from tests.support.apache_kafka.cluster import KafkaCluster, _cluster_id
+from tests.support.apache_kafka.cluster import _cluster_id
 from tests.support.apache_kafka.distribution import KAFKA_3, KAFKA_4, kafka_jars, logs_through_reload4j
-from tests.support.waiting import wait_for
 
 
 def test_cluster_ids_never_look_like_an_option() -> None:
@@ -29,18 +25,3 @@ def test_each_version_has_one_logging_binding(version: str, binding: str, other:
     assert any(j.startswith(f"{binding}-") for j in jars), sorted(jars)
     assert not any(j.startswith(f"{other}-") for j in jars), sorted(jars)
     assert logs_through_reload4j(version) == (binding == "slf4j-reload4j")
-
-
-def test_kafka_3_nodes_log_through_their_configuration(apache_kafka_3: KafkaCluster) -> None:
-    """Kafka 3.9's nodes read the log4j 1 configuration: each logs its start at INFO with its pattern
-    (without one, log4j 1 prints only a warning that it has no appenders)."""
-
-    def logged_start(node_id: int, log: Path) -> bool:
-        return f"INFO [KafkaRaftServer nodeId={node_id}] Kafka Server started (kafka.server.KafkaRaftServer)" in log.read_text(
-            errors="replace"
-        )
-
-    for node in apache_kafka_3.nodes.values():
-        # A broker is listed as soon as it registers, a moment before it logs that it started.
-        wait_for(f"node {node.node_id} to log its start", partial(logged_start, node.node_id, node.log_path), seen=apache_kafka_3.logs_tail)
-        assert "No appenders could be found" not in node.log_path.read_text(errors="replace")

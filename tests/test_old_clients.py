@@ -19,6 +19,8 @@ that still serves those versions), through kfan and, for comparison, directly.
 from __future__ import annotations
 
 import time
+from functools import partial
+from pathlib import Path
 
 import pytest
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
@@ -233,3 +235,18 @@ def test_a_pinned_old_client_round_trip_on_apache_kafka_3(
             print("kfan's log during the test:\n" + "".join(through.log[logged:][-80:]))
         print("Apache Kafka 3's logs (tail):\n" + apache_kafka_3.logs_tail())
         raise
+
+
+def test_kafka_3_nodes_log_through_their_configuration(apache_kafka_3: KafkaCluster) -> None:
+    """Kafka 3.9's nodes read the log4j 1 configuration: each logs its start at INFO with its pattern
+    (without one, log4j 1 prints only a warning that it has no appenders)."""
+
+    def logged_start(node_id: int, log: Path) -> bool:
+        return f"INFO [KafkaRaftServer nodeId={node_id}] Kafka Server started (kafka.server.KafkaRaftServer)" in log.read_text(
+            errors="replace"
+        )
+
+    for node in apache_kafka_3.nodes.values():
+        # A broker is listed as soon as it registers, a moment before it logs that it started.
+        wait_for(f"node {node.node_id} to log its start", partial(logged_start, node.node_id, node.log_path), seen=apache_kafka_3.logs_tail)
+        assert "No appenders could be found" not in node.log_path.read_text(errors="replace")
