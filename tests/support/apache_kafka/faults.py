@@ -151,12 +151,16 @@ def grow_and_move(kafka: KafkaCluster, topics: list[str], workdir: Path) -> int:
     path.write_text(json.dumps(plan))
     tool = ("kafka-reassign-partitions", "--bootstrap-server", kafka.bootstrap, "--reassignment-json-file", str(path))
     run_tool(*tool, "--execute")
-    wait_for(
-        "the reassignment to complete",
-        lambda: "is still in progress" not in run_tool(*tool, "--verify").out,
-        RECOVER_TIMEOUT_S,
-        seen=kafka.logs_tail,
-    )
+    wanted = {(m["topic"], m["partition"]): m["replicas"] for m in plan["partitions"]}
+
+    def moved() -> bool:
+        # Read from Metadata (a JVM per --verify poll cost seconds of CPU each): every partition on its new
+        # replicas, all in sync.
+        now = {(t, p): (replicas, isr) for t in topics for p, (_, replicas, isr) in placements(kafka, t).items()}
+        return all(now[k][0] == r and sorted(now[k][1]) == sorted(r) for k, r in wanted.items())
+
+    wait_for("the reassignment to complete", moved, RECOVER_TIMEOUT_S, seen=kafka.logs_tail)
+    assert "is still in progress" not in run_tool(*tool, "--verify").out  # Kafka's own word, once
     leader_election(kafka)
     led = leaders(kafka, *topics)
     assert led == {new}, f"after the election the added broker leads every partition: leaders {led}"
