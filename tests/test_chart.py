@@ -813,7 +813,7 @@ def test_container_runs_kfan_serve_as_the_dockerfile_builds_it() -> None:
     assert c["command"] == ["kfan"]
     assert c["args"][0] == "serve"
     # `kfan` is kfan's console script, and the real CLI accepts these arguments.
-    assert tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]["kfan"] == "proxy.cli:main"
+    assert tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]["kfan"] == "proxy.__main__:main"
     assert build_parser().parse_args(c["args"]).command == "serve"
     done = subprocess.run([sys.executable, "-m", "proxy", *c["args"], "--help"], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
