@@ -15,7 +15,7 @@ import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tests.support.apache_kafka.distribution import KAFKA_4, cache_root, classpath
+from tests.support.apache_kafka.distribution import CLIENT_JVM, KAFKA_4, cache_root, classpath
 from tests.support.round_trip import Records, Trip
 
 SOURCE = Path(__file__).with_name("RoundTrip.java")
@@ -52,6 +52,7 @@ def java_round_trip(
     java = shutil.which("java") or "java"
     argv = [
         java,
+        *CLIENT_JVM,
         "-cp",
         f"{classpath(version)}:{_classes(version)}",
         "RoundTrip",

@@ -11,7 +11,7 @@ import subprocess
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-from tests.support.apache_kafka.distribution import KAFKA_4, classpath
+from tests.support.apache_kafka.distribution import CLIENT_JVM, KAFKA_4, classpath
 
 MAIN = {
     "kafka-topics": "org.apache.kafka.tools.TopicCommand",
@@ -27,8 +27,6 @@ MAIN = {
     "kafka-metadata-quorum": "org.apache.kafka.tools.MetadataQuorumCommand",
     "kafka-jmx": "org.apache.kafka.tools.JmxTool",  # what ``kafka-run-class kafka.tools.JmxTool`` runs
 }
-# A tool runs for seconds: start fast (C1 only, one GC thread) rather than run fast.
-_JVM = ["-Xmx256m", "-XX:TieredStopAtLevel=1", "-XX:+UseSerialGC"]
 TIMEOUT_S = 120.0
 
 
@@ -42,7 +40,7 @@ class Ran:
 def run_tool(tool: str, *args: str, version: str = KAFKA_4, check: bool = True) -> Ran:
     """Run ``tool`` (its script's name) with ``args``; ``check``: fail with its output unless it exits 0."""
     java = shutil.which("java") or "java"
-    argv = [java, *_JVM, "-cp", classpath(version), MAIN[tool], *args]
+    argv = [java, *CLIENT_JVM, "-cp", classpath(version), MAIN[tool], *args]
     done = subprocess.run(argv, capture_output=True, text=True, timeout=TIMEOUT_S)
     ran = Ran(done.returncode, done.stdout, done.stderr)
     if check and done.returncode != 0:
