@@ -308,8 +308,18 @@ def test_broker_killed_mid_fanout_produce_fails_only_its_partitions() -> None:
             )
 
 
+MESSAGE_TIMEOUT_MS = 12_000  # past the few seconds every record takes to reach kfan, and short for a flush
+
+
 def test_broker_killed_under_a_real_producer_loses_nothing_it_acknowledged() -> None:
-    """The same through librdkafka without retries, so every error reaches the delivery reports."""
+    """The same through librdkafka without retries, so every error reaches the delivery reports.
+
+    A sub-request kfan has not yet written to broker 2 when it dies (rare: the kill follows the client's last
+    send closely) is answered NOT_LEADER_OR_FOLLOWER, "not written", as Kafka's brokers answer for a partition
+    they do not lead. librdkafka then keeps those records, whatever ``retries`` says, for a new leader, which
+    the mock never elects: they fail when their message timeout ends (seen once in 96 runs, with the client's
+    debug log: partition 4's request was answered NOT_LEADER, and its 300 records went back to wait for a
+    leader)."""
     per_partition = 300
     with MockCluster() as c, kfan_on(c, "--metrics-listen", "127.0.0.1:0") as k:
         topic = new_topic(c)
@@ -320,7 +330,7 @@ def test_broker_killed_under_a_real_producer_loses_nothing_it_acknowledged() -> 
                 "acks": "all",
                 "linger.ms": 20,
                 "retries": 0,
-                "message.timeout.ms": 30_000,
+                "message.timeout.ms": MESSAGE_TIMEOUT_MS,
                 "statistics.interval.ms": 100,
                 "stats_cb": lambda text: stats.append(json.loads(text)),
             }
@@ -356,12 +366,13 @@ def test_broker_killed_under_a_real_producer_loses_nothing_it_acknowledged() -> 
         )
         assert not set(reports.by_value) & on_broker_2, "broker 2 answered despite its delay"
         c.broker_down(2)
-        assert producer.flush(20) == 0
+        assert producer.flush(MESSAGE_TIMEOUT_MS / 1000 + 10) == 0
         assert reports.ok == set(partition_of) - on_broker_2
         failed = reports.failed
         assert set(failed) == on_broker_2
         codes = {e.code() for e in failed.values()}
-        assert codes <= {KafkaError.REQUEST_TIMED_OUT, KafkaError.NOT_LEADER_FOR_PARTITION}, codes
+        # REQUEST_TIMED_OUT: written, maybe persisted; the message timeout: not written, waited for a leader.
+        assert codes <= {KafkaError.REQUEST_TIMED_OUT, KafkaError._MSG_TIMED_OUT}, codes
         # Broker 2 back: everything acknowledged is there, and its partitions take writes again.
         c.set_rtt(2, 0)
         c.broker_up(2)
