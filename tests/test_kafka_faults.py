@@ -213,9 +213,8 @@ def test_a_metadata_storm_is_not_multiplied(quorum_kafka: KafkaCluster, quorum_k
         clients_before, brokers_before = _client_metadata(kfan), _broker_metadata(kafka)
         kafka.stop_broker(victim, kill=True)
         # Fenced after the session timeout (9 s), its partitions get new leaders; the clients meanwhile ask for
-        # Metadata again and again.
-        wait_for(f"broker {victim} fenced: it leads nothing", lambda: victim not in leaders(kafka, topic), RECOVER_TIMEOUT_S)
-        time.sleep(3)
+        # Metadata again and again. (Not polled: the test's own Metadata requests would count as kfan's.)
+        time.sleep(12)
         kafka.start_broker(victim)
         time.sleep(5)
     finally:
