@@ -29,7 +29,7 @@ from proxy.kafka import schema
 from proxy.kafka.headers import response_body_offset
 from proxy.tools.mock_cluster import MockCluster
 from spark.checks import check_exchange
-from tests.support.badbroker import LATE, BadBroker
+from tests.support.badbroker import LATE, STALL, BadBroker
 from tests.support.kfan import Kfan, kfan_at, start_kfan
 from tests.support.messages import request_bytes
 from tests.support.rawclient import RawClient
@@ -124,6 +124,38 @@ def test_the_others_are_answered_when_the_client_they_share_with_leaves(kfan_lat
     assert all(_topics(a) == {TOPIC: 3} for _, a in answers)
     # The leaver's request, and (once it left) one more for the others; never one each.
     assert 1 <= _asked(bad) - before <= 2, f"{_asked(bad) - before} broker requests"
+
+
+def test_a_request_past_its_deadline_is_not_a_flight_to_join() -> None:
+    """A Metadata request its broker never answers is asked again of another broker once kfan's request timeout
+    passes, and that second request must not join the first (still listed as in flight, as its link is closing):
+    the client gets the other broker's whole answer. Not, as it did, the first one's failure: in Metadata v13
+    an error in an empty answer (which kafka-python 3 reads as "no such topic"), in earlier versions, which have
+    no error code to carry it, a closed connection."""
+    with MockCluster(2) as cluster, BadBroker(cluster.brokers[1], seed=1, lifetime=600) as stalled:
+        cluster.set_broker_address(1, "127.0.0.1", stalled.port)
+        cluster.create_topic(TOPIC, 3)
+        with kfan_at(cluster.bootstrap, "--request-timeout", "1") as k:
+            clients = [f"stall-{i}" for i in range(40)]
+            stalled.set_mode(STALL, api_keys=[METADATA], client_ids=clients)
+            # Each connection asks a broker of its own choosing: ask until one asked the stalled broker.
+            for client in clients:
+                raw = RawClient(k.address)
+                try:
+                    payload = request_bytes(METADATA, VERSION, {"topics": [{"name": TOPIC, "topic_id": uuid.UUID(int=0)}]}, 7, client_id=client)
+                    raw.send_bytes(struct.pack(">i", len(payload)) + payload)
+                    answer = raw.receive(30)
+                finally:
+                    raw.close()
+                assert answer is not None, "kfan closed the connection"
+                spec = schema.response_spec(METADATA, VERSION)
+                body = schema.decode_body(spec, answer, response_body_offset(answer, METADATA, VERSION))
+                assert (_topics(body), len(body["brokers"])) == ({TOPIC: 3}, 1), client
+                if stalled.requests(METADATA, client):
+                    break
+            else:
+                pytest.fail("no connection asked the stalled broker")
+            assert stalled.injected(STALL, METADATA) >= 1
 
 
 # --- the table itself ---------------------------------------------------------------------------

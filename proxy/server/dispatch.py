@@ -152,6 +152,9 @@ class Dispatcher:
             # mid-answer): close its link, so the next request opens a fresh one.
             pending = handles[d]
             if isinstance(pending, Pending):
+                # Its link fails only once the closing below is done: until then it must not be
+                # joined, by this request asked again of another broker or by anyone else's.
+                self.cluster.flights.landed(pending)
                 self.links.close(pending.broker, Lane.MAIN)
             answers[d] = Failed(errors.REQUEST_TIMED_OUT)
         return Gathered(answers, handles, {})
