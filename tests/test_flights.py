@@ -142,7 +142,9 @@ def test_a_request_past_its_deadline_is_not_a_flight_to_join() -> None:
             for client in clients:
                 raw = RawClient(k.address)
                 try:
-                    payload = request_bytes(METADATA, VERSION, {"topics": [{"name": TOPIC, "topic_id": uuid.UUID(int=0)}]}, 7, client_id=client)
+                    payload = request_bytes(
+                        METADATA, VERSION, {"topics": [{"name": TOPIC, "topic_id": uuid.UUID(int=0)}]}, 7, client_id=client
+                    )
                     raw.send_bytes(struct.pack(">i", len(payload)) + payload)
                     answer = raw.receive(30)
                 finally:
