@@ -108,6 +108,7 @@ class Pending:
         "_held",
         "_budget",
         "_reserved",
+        "merged",
     )
 
     def __init__(self) -> None:
@@ -126,6 +127,9 @@ class Pending:
         self._held = 0
         self._budget: Budget | None = None
         self._reserved: tuple[Budget, int] | None = None  # room set aside for the answer, until it comes
+        # The client response merged from this answer, for the others waiting for it (backends.flights):
+        # (what it depends on besides the request, the reply); kept by the layer that merges.
+        self.merged: tuple[object, object] | None = None
 
     def set(self, value: bytes | LinkError) -> None:
         if self.dropped and not isinstance(value, LinkError):

@@ -83,7 +83,7 @@ class Dispatcher:
                 else:
                     fresh.append((destination, broker))
                 continue
-            flight = self._flight_key(plan) if destination is ANY_BROKER else None
+            flight = self.flight_key(plan) if destination is ANY_BROKER else None
             if flight is not None and (shared := self.cluster.flights.join(flight)) is not None:
                 out[destination] = shared  # the same request is out already: its answer is this one's too
                 continue
@@ -98,17 +98,21 @@ class Dispatcher:
             await self.fetches.send(plan, fresh, out)
         return out
 
-    def _flight_key(self, plan: Forward) -> FlightKey | None:
+    def flight_key(self, plan: Forward) -> FlightKey | None:
         """What identical requests share (:mod:`backends.flights`): API, version and body; None when this one shares nothing.
 
         A connection carrying its client's identity shares with nobody: the brokers answer it as that client.
         """
-        if not plan.route.shares_answers or self.client_identity:
+        if not self.shares(plan):
             return None
         h = plan.header
         sub = plan.subs[ANY_BROKER]
         # The sub-request is the client's header (from its client id on) and body: the body alone is the key.
         return (h.api_key, h.api_version, b"".join(bytes(p) for p in sub.tail)[h.body_offset - 8 :])
+
+    def shares(self, plan: Forward) -> bool:
+        """Whether ``plan`` may share its answer with identical requests (:meth:`flight_key`)."""
+        return plan.route.shares_answers and not self.client_identity
 
     def submit_elsewhere(self, plan: Forward, failed: Pending | Failed) -> Handles | None:
         """Ask another broker what any broker may answer (``failed``: the first one's); None when there is none to ask."""
@@ -120,7 +124,7 @@ class Dispatcher:
         link = None if broker is None else self.links.link(broker, Lane.MAIN)
         if link is None:
             return None
-        flight = self._flight_key(plan)
+        flight = self.flight_key(plan)
         shared = None if flight is None else self.cluster.flights.join(flight)
         return {ANY_BROKER: shared if shared is not None else self._send(link, plan.subs[ANY_BROKER], flight)}
 
