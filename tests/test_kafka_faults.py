@@ -227,7 +227,9 @@ def test_a_metadata_storm_is_not_multiplied(quorum_kafka: KafkaCluster, quorum_k
     clients, brokers_after = _client_metadata(kfan) - clients_before, _broker_metadata(kafka)
     # The victim's counters started again from 0 with it; nothing reached it while it was down.
     sent = sum(brokers_after[b] - brokers_before[b] for b in kafka.brokers if b != victim) + brokers_after[victim]
-    print(f"metadata storm | clients -> kfan {clients:.0f} | kfan -> brokers {sent:.0f} | delivery errors {len(errors)} | drained in {drain:.1f} s")
+    print(
+        f"metadata storm | clients -> kfan {clients:.0f} | kfan -> brokers {sent:.0f} | delivery errors {len(errors)} | drained in {drain:.1f} s"
+    )
     isr_full(kafka, topic)  # every broker back and in sync for the next test (leadership may stay where it went)
     assert unsent == 0 and errors == [], f"{unsent} records unsent, delivery errors {errors[:5]}"
     assert clients > STORM_PRODUCERS, "the clients' storm did not happen: the test measures nothing"
