@@ -216,7 +216,7 @@ class Forwarder:
             self.fetches.done_with(h for hs in used for h in hs.values() if isinstance(h, Pending))
 
     def _merge(self, plan: Forward, found: Gathered) -> Reply | None:
-        shared = self._shared_answer(plan, found)
+        shared = _shared_answer(found) if self.dispatcher.shares(plan) else None
         if shared is not None and shared.merged is not None and shared.merged[0] == plan.ctx.identity:
             # Merged already for another client that waited for the same answer (1000 partitions'
             # Metadata: 20 ms of decoding and encoding each); its effects are applied already.
@@ -227,14 +227,6 @@ class Forwarder:
         if shared is not None and reply is not None:
             shared.merged = (plan.ctx.identity, reply)
         return reply
-
-    def _shared_answer(self, plan: Forward, found: Gathered) -> Pending | None:
-        """The answer this request may share with others (:mod:`backends.flights`), when it is in."""
-        if not self.dispatcher.shares(plan):
-            return None
-        pending = found.handles.get(ANY_BROKER)
-        answer = found.answers.get(ANY_BROKER)
-        return pending if isinstance(pending, Pending) and isinstance(answer, Response) else None
 
     def _merged(self, plan: Forward, found: Gathered) -> Reply | None:
         reply: Reply | None = None
@@ -270,6 +262,13 @@ class Forwarder:
         if slot.captured is not None and self.capture is not None:
             conn_id = f"{os.getpid()}-{self.client}"
             self.capture.offer(_capture_row(slot, h, conn_id, self.identity, handles or {}, answers or {}, shares_answers))
+
+
+def _shared_answer(found: Gathered) -> Pending | None:
+    """The answer a request that shares answers (:mod:`backends.flights`) may share with others, when it is in."""
+    pending = found.handles.get(ANY_BROKER)
+    answer = found.answers.get(ANY_BROKER)
+    return pending if isinstance(pending, Pending) and isinstance(answer, Response) else None
 
 
 def _describe(h: RequestHeader) -> str:
