@@ -17,7 +17,8 @@ calls (which the mock lacks) through kfan in front of Tansu, both with
   (read-only requests), and against a kfan in front of a cluster without the
   topic reports the differences;
 - the same traffic recorded with tcpdump directly between clients and
-  brokers, imported with ``kfan capture import``, replays cleanly.
+  brokers, imported with ``kfan capture import``, passes the job's checks (run
+  without Spark: the job itself is tested above on kfan's own capture).
 
 Spark needs Java; it is installed with apt when missing (tests/support/apt.py), as is tcpdump.
 """
@@ -265,7 +266,7 @@ def test_live_replay_reports_answers_that_changed(captured: Captured) -> None:
     assert "differs: " in out.stdout and "error_code" in out.stdout, out.stdout
 
 
-def test_tcpdump_of_direct_traffic_imports_and_replays_cleanly(captured: Captured, java: str, tmp_path: Path) -> None:
+def test_tcpdump_of_direct_traffic_imports_and_replays_cleanly(captured: Captured, tmp_path: Path) -> None:
     tcpdump = ensure_command("tcpdump", "tcpdump")
     cluster = captured.cluster
     ports = [int(a.rsplit(":", 1)[1]) for a in cluster.bootstrap.split(",")]
@@ -309,10 +310,10 @@ def test_tcpdump_of_direct_traffic_imports_and_replays_cleanly(captured: Capture
     fetch = [r for r in rows if r.api_key == 1 and r.response is not None]
     assert produce and fetch, sorted({r.api_key for r in rows})
     assert {r.subrequests[0][0] for r in produce} == {1, 2, 3}, "produce requests go to every leader directly"
-    out = kfan_replay(str(out_dir), "--report", str(tmp_path / "report"))
-    assert out.returncode == 0, out.stdout + out.stderr[-3000:]
-    report = json.loads((tmp_path / "report.json").read_text())
-    assert report["exchanges"] == len(rows) and report["regressions"] == 0
+    # Through the checks the Spark job runs on every exchange (the job itself is above: it adds nothing here
+    # but the 25 s of starting Spark).
+    flagged = [(r.api_key, f) for r in rows if (f := check_exchange(r).findings)]
+    assert not flagged, flagged[:5]
 
 
 def _holds_packet_from(pcap: Path, port: int) -> bool:
