@@ -6,7 +6,12 @@ calls (which the mock lacks) through kfan in front of Tansu, both with
 ``--capture`` into one directory. Then:
 
 - ``kfan replay DIR --report OUT`` (PySpark, local mode) finds no regression
-  and writes the JSON and HTML report;
+  and writes the JSON and HTML report; the capture also holds transactions
+  produced and read back through kfan in front of the mock, which writes its
+  transaction markers with a CRC that does not match: the job names them as
+  corrupt batches from that broker, a finding of their own, not as kfan
+  regressions (the checks judge every record batch both ways, as kfan
+  judges a Produce's);
 - each deliberately broken core (a split that drops a partition, a double
   size prefix, swapped responses: tests/support/broken_cores.py) is caught by
   the checks the job runs on every exchange, only where the break really
@@ -61,6 +66,7 @@ from tests.support.waiting import wait_for, wait_for_line
 KFAN = str(Path(sys.executable).parent / "kfan")
 RECORDS = 300
 KP_RECORDS = 60
+TRANSACTIONS = 3
 _REGRESSED = re.compile(r"regressed: api_key (\d+) v(\d+) (\S+)#(-?\d+):")
 
 
@@ -133,20 +139,48 @@ def admin_traffic(bootstrap: str) -> None:
         f.result(20)
 
 
+def transactions(cluster: MockCluster, bootstrap: str) -> None:
+    """Transactions produced and read back (read_committed) on a topic of their own."""
+    topic = f"txn-{uuid.uuid4().hex[:8]}"
+    cluster.create_topic(topic, 2, leaders=[1, 2])
+    producer = Producer({"bootstrap.servers": bootstrap, "transactional.id": f"tx-{uuid.uuid4().hex[:6]}"})
+    producer.init_transactions(20)
+    for t in range(TRANSACTIONS):
+        producer.begin_transaction()
+        for i in range(4):
+            producer.produce(topic, value=f"t{t}-{i}".encode(), partition=i % 2)
+        producer.commit_transaction(20)
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"g-{uuid.uuid4().hex[:6]}", "auto.offset.reset": "earliest"})
+    consumer.subscribe([topic])
+    got = [0]
+
+    def all_committed_read() -> bool:
+        got[0] += sum(1 for m in consumer.consume(50, timeout=0.5) if m.error() is None)
+        return got[0] >= TRANSACTIONS * 4
+
+    wait_for(f"the {TRANSACTIONS * 4} committed records read", all_committed_read, 60, seen=lambda: got[0])
+    consumer.consume(50, timeout=1.0)  # past the last marker
+    consumer.close()
+    assert got[0] == TRANSACTIONS * 4
+
+
 @dataclass
 class Captured:
     cluster: MockCluster
     topic: str
-    directory: Path  # every capture file: the mock's and Tansu's
-    mock_directory: Path  # the mock's only (live replay goes to kfan in front of the same mock)
+    directory: Path  # every capture file: the mock's (both runs) and Tansu's
+    mock_directory: Path  # the mock's first run only (live replay goes to kfan in front of the same mock)
     rows: list[CaptureRow]
     mock_rows: list[CaptureRow]
+    transaction_rows: list[CaptureRow]
 
 
 @pytest.fixture(scope="module")
 def captured(tmp_path_factory: pytest.TempPathFactory, tansu: Tansu) -> Iterator[Captured]:
     """kfan in front of the 3-broker mock, and kfan in front of Tansu for the admin calls, both capturing."""
-    on_tansu, on_mock, everything = (tmp_path_factory.mktemp(n) for n in ("capture-tansu", "capture-mock", "capture"))
+    on_tansu, on_mock, on_txn, everything = (
+        tmp_path_factory.mktemp(n) for n in ("capture-tansu", "capture-mock", "capture-transactions", "capture")
+    )
     k = start_kfan(tansu.bootstrap, "--capture", str(on_tansu))
     admin_traffic(k.bootstrap)
     assert k.stop() == 0
@@ -156,9 +190,12 @@ def captured(tmp_path_factory: pytest.TempPathFactory, tansu: Tansu) -> Iterator
         k = start_kfan(cluster.bootstrap, "--capture", str(on_mock))
         traffic(k.bootstrap, topic)
         assert k.stop() == 0
-        for f in [*on_tansu.glob("*.parquet"), *on_mock.glob("*.parquet")]:
+        k = start_kfan(cluster.bootstrap, "--capture", str(on_txn))
+        transactions(cluster, k.bootstrap)
+        assert k.stop() == 0
+        for f in [*on_tansu.glob("*.parquet"), *on_mock.glob("*.parquet"), *on_txn.glob("*.parquet")]:
             shutil.copy(f, everything / f.name)
-        yield Captured(cluster, topic, everything, on_mock, read_rows(everything), read_rows(on_mock))
+        yield Captured(cluster, topic, everything, on_mock, read_rows(everything), read_rows(on_mock), read_rows(on_txn))
 
 
 @pytest.fixture(scope="module")
@@ -202,6 +239,23 @@ def test_spark_replay_of_real_traffic_finds_no_regression(captured: Captured, ja
     assert sum(b["count"] for b in report["latency_histogram_ms"]) == len(captured.rows)
     html = (tmp_path / "report.html").read_text()
     assert "kfan replay: no regressions" in html and html.count("<svg") == 2
+    # The mock's transaction markers: reported apart, and they do not make the job fail (only regressions do).
+    peers = report["peer_findings"]
+    assert peers["exchanges"] >= 1
+    details = [d for e in peers["examples"] for check, d in e["findings"] if check == "corrupt batch from broker"]
+    assert details and all(d.endswith(": crc") for d in details), peers
+    assert "corrupt batch from broker: broker " in out.stdout, out.stdout
+    assert "Corrupt batches from clients or brokers (not kfan regressions)" in html
+
+
+def test_the_checks_name_the_brokers_corrupt_markers_and_no_regression(captured: Captured) -> None:
+    rows = captured.transaction_rows
+    results = [check_exchange(row) for row in rows]
+    peer = [f for r in results for f in r.peer_findings]
+    assert peer, "the mock's transaction markers carry a wrong CRC: the checks must name them"
+    assert all(f.check == "corrupt batch from broker" and f.detail.endswith(": crc") and "broker " in f.detail for f in peer), peer
+    assert not [f for r in results for f in r.findings if "corrupt" in f.check], "corrupt peer batches are not kfan regressions"
+    assert all(not r.peer_findings for r, row in zip(results, rows, strict=True) if row.api_key == 0), "the client's batches are sound"
 
 
 EXPECTED_KIND = {"drop-partition": "split", "double-prefix": "one size prefix", "swap-responses": "merge"}
