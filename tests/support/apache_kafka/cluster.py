@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tests.support.apache_kafka import security
-from tests.support.apache_kafka.distribution import BROKER_JVM, KAFKA_4, classpath, logs_through_reload4j
+from tests.support.apache_kafka.distribution import BROKER_JVM, KAFKA_4, classpath, logs_through_reload4j, shared_classes
 from tests.support.processes import free_port, stop_process
 from tests.support.waiting import wait_for
 
@@ -250,7 +250,7 @@ class KafkaCluster:
         node = self.nodes.get(node_id)
         jmx = _jmx_flags(node.jmx_port) if node is not None and node.jmx_port else []
         oauth = security.java_flags(self.secured) if self.secured is not None else []
-        return [java, *BROKER_JVM, *logs, *jmx, *oauth, "-cp", cp, main, *args]
+        return [java, *BROKER_JVM, *shared_classes(self.version), *logs, *jmx, *oauth, "-cp", cp, main, *args]
 
     def metric(self, broker_id: int, mbean: str, attribute: str = "Count") -> float:
         """One attribute of one of the broker's own metrics (a JMX MBean), read with Kafka's JmxTool; 0 when the

@@ -18,6 +18,9 @@ import fcntl
 import os
 import shutil
 import subprocess
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from tests.support import apt
@@ -86,6 +89,7 @@ def kafka_jars(version: str = KAFKA_4) -> Path:
         if done.returncode != 0 or not any(partial.glob("kafka_2.13-*.jar")):
             raise Unavailable(f"{' '.join(argv)} (exit {done.returncode}):\n{done.stdout[-3000:]}{done.stderr[-3000:]}")
         shutil.rmtree(lib, ignore_errors=True)
+        _archive(version).unlink(missing_ok=True)  # made from the jars it replaces
         partial.rename(lib)
         whole.touch()
     return lib
@@ -94,3 +98,37 @@ def kafka_jars(version: str = KAFKA_4) -> Path:
 def classpath(version: str = KAFKA_4) -> str:
     """A ``java -cp`` argument with every jar of ``version``."""
     return str(kafka_jars(version) / "*")
+
+
+# Class data sharing (AppCDS): the classes a Kafka JVM loads, parsed and verified once, into an archive every later
+# JVM of that version maps instead. Measured on kafka-topics --describe: 1.0 s of CPU instead of 1.8, and 0.8 s
+# of wall time instead of 1.5-2.0. The first tool run (:func:`dumping_classes`) writes it, on its way out; the
+# others, brokers and clients on the same class path included, use it. A JVM that cannot use it (another JDK,
+# or jars that changed) runs as without it; CDS logging is off, so that tools' output stays theirs alone.
+_QUIET_CDS = "-Xlog:cds*=off"
+
+
+def _archive(version: str) -> Path:
+    return cache_root() / f"{version}.jsa"
+
+
+def shared_classes(version: str = KAFKA_4) -> list[str]:
+    """JVM flags that map ``version``'s class archive, once there is one."""
+    archive = _archive(version)
+    return [_QUIET_CDS, f"-XX:SharedArchiveFile={archive}"] if archive.exists() else []
+
+
+@contextmanager
+def dumping_classes(version: str = KAFKA_4) -> Iterator[list[str]]:
+    """JVM flags for a JVM that exits within the block: it maps the archive, or writes it when there is none yet."""
+    archive = _archive(version)
+    if archive.exists():
+        yield shared_classes(version)
+        return
+    partial = archive.with_name(f"{archive.name}.{uuid.uuid4().hex[:8]}.partial")  # several may write at once
+    try:
+        yield [_QUIET_CDS, f"-XX:ArchiveClassesAtExit={partial}"]
+        if partial.exists() and not archive.exists():
+            partial.replace(archive)
+    finally:
+        partial.unlink(missing_ok=True)

@@ -15,7 +15,7 @@ import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tests.support.apache_kafka.distribution import CLIENT_JVM, KAFKA_4, cache_root, classpath
+from tests.support.apache_kafka.distribution import CLIENT_JVM, KAFKA_4, cache_root, classpath, shared_classes
 from tests.support.round_trip import Records, Trip
 
 SOURCE = Path(__file__).with_name("RoundTrip.java")
@@ -53,6 +53,7 @@ def java_round_trip(
     argv = [
         java,
         *CLIENT_JVM,
+        *shared_classes(version),  # its class path extends the archive's: allowed
         "-cp",
         f"{classpath(version)}:{_classes(version)}",
         "RoundTrip",

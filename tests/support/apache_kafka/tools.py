@@ -11,7 +11,7 @@ import subprocess
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-from tests.support.apache_kafka.distribution import CLIENT_JVM, KAFKA_4, classpath
+from tests.support.apache_kafka.distribution import CLIENT_JVM, KAFKA_4, classpath, dumping_classes
 
 MAIN = {
     "kafka-topics": "org.apache.kafka.tools.TopicCommand",
@@ -40,8 +40,9 @@ class Ran:
 def run_tool(tool: str, *args: str, version: str = KAFKA_4, check: bool = True) -> Ran:
     """Run ``tool`` (its script's name) with ``args``; ``check``: fail with its output unless it exits 0."""
     java = shutil.which("java") or "java"
-    argv = [java, *CLIENT_JVM, "-cp", classpath(version), MAIN[tool], *args]
-    done = subprocess.run(argv, capture_output=True, text=True, timeout=TIMEOUT_S)
+    with dumping_classes(version) as cds:
+        argv = [java, *CLIENT_JVM, *cds, "-cp", classpath(version), MAIN[tool], *args]
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=TIMEOUT_S)
     ran = Ran(done.returncode, done.stdout, done.stderr)
     if check and done.returncode != 0:
         raise AssertionError(f"{tool} {' '.join(args)}: exit {done.returncode}\n{done.stdout[-2000:]}\n{done.stderr[-3000:]}")

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tests.support.apache_kafka.distribution import CLIENT_JVM, KAFKA_4, classpath
+from tests.support.apache_kafka.distribution import CLIENT_JVM, KAFKA_4, classpath, shared_classes
 from tests.support.processes import stop_process
 from tests.support.waiting import wait_for
 
@@ -57,7 +57,7 @@ class _Tool:
         self.events: list[dict[str, Any]] = []
         self.other_lines = 0  # log lines and anything else that is not an event
         java = shutil.which("java") or "java"
-        self._argv = [java, *CLIENT_JVM, "-cp", classpath(KAFKA_4), main, *args]
+        self._argv = [java, *CLIENT_JVM, *shared_classes(KAFKA_4), "-cp", classpath(KAFKA_4), main, *args]
         self._process: subprocess.Popen[str] | None = None
         self._reader: threading.Thread | None = None
         self._lock = threading.Lock()
