@@ -16,6 +16,7 @@ import pytest
 from hypothesis import HealthCheck, settings
 
 from proxy.tools.mock_cluster import MockCluster
+from tests.support import scheduling
 from tests.support.apache_kafka.cluster import KafkaCluster
 from tests.support.apache_kafka.distribution import KAFKA_3, KAFKA_4
 from tests.support.kcat import Kcat, KcatUnavailable, ensure_kcat
@@ -106,22 +107,28 @@ def kfan_kafka_3(apache_kafka_3: KafkaCluster) -> Iterator[Kfan]:
     yield from kfan_for_session(apache_kafka_3.bootstrap, "kfan (apache kafka 3)")
 
 
+# The modules that only the long mode runs (README "Kafka's bad days": the fault scenarios one by one).
+collect_ignore = [] if os.environ.get("KFAN_LONG_FAULTS") == "1" else ["test_kafka_faults_long.py"]
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if getattr(config.option, "numprocesses", None) and not hasattr(config, "workerinput"):
+        scheduling.name_units_file()
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    if not hasattr(config, "workerinput"):
+        scheduling.forget_units_file()
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> scheduling.ModuleUnits:
+    return scheduling.ModuleUnits(config, log)  # type: ignore[arg-type]
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The modules that use the session's Apache Kafka cluster run last, together, each in its own order: the
-    cluster starts with the first of them and stops at the session's end, instead of idling through every module
-    after its first user (its four JVMs burn 6.5 s of CPU a minute idle, and CPU is the suite's limit)."""
-    users = {item.nodeid.split("::")[0] for item in items if "apache_kafka" in getattr(item, "fixturenames", ())}
-    items.sort(key=lambda item: item.nodeid.split("::")[0] in users)  # stable: every module stays whole and in order
+    scheduling.arrange(items)
 
-
-# The fault suite on its own Apache Kafka cluster is collected only when asked for (README "Kafka's bad
-# days"): KFAN_FAULTS=1 for its continuous run (6 minutes), KFAN_LONG_FAULTS=1 for the scenarios one by one.
-# The continuous run is not in the default run yet: with it the suite took 24:44 on two cores, no margin on 25.
-collect_ignore = [
-    module
-    for module, variable in (("test_kafka_faults.py", "KFAN_FAULTS"), ("test_kafka_faults_long.py", "KFAN_LONG_FAULTS"))
-    if os.environ.get(variable) != "1"
-]
 
 _topics = iter(range(1, 1_000_000))
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import random
 import socket
 from pathlib import Path
@@ -22,10 +23,13 @@ def free_port() -> int:
     by this process. Still only free right now against other processes doing the same: a caller that
     starts a child on it must start it again on another port when its bind fails (as
     :class:`tests.support.tansu.Tansu` and :func:`tests.support.stunnel.start_stunnel` do), or better,
-    let the child bind port 0 and read back the port it got (as kfan does)."""
-    low = min(_ephemeral_start(), 32768)
+    let the child bind port 0 and read back the port it got (as kfan does).
+
+    The suite's workers (pytest-xdist) draw from separate slices of that range: a Kafka broker cannot
+    be started again on another port, and two workers drawing the same port would fail one of them."""
+    first, end = _slice(10000, min(_ephemeral_start(), 32768))
     for _ in range(1000):
-        port = _random.randrange(10000, low)
+        port = _random.randrange(first, end)
         if port in _handed_out:
             continue
         with socket.socket() as s:
@@ -35,7 +39,17 @@ def free_port() -> int:
                 continue
         _handed_out.add(port)
         return port
-    raise RuntimeError(f"no free port in 10000..{low}")
+    raise RuntimeError(f"no free port in {first}..{end}")
+
+
+def _slice(first: int, end: int) -> tuple[int, int]:
+    """This xdist worker's part of ``first..end`` (all of it outside xdist)."""
+    worker, count = os.environ.get("PYTEST_XDIST_WORKER", ""), int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if not worker.startswith("gw") or count < 2:
+        return first, end
+    size = (end - first) // count
+    start = first + int(worker[2:]) % count * size
+    return start, start + size
 
 
 _random = random.Random()
