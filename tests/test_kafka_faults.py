@@ -143,8 +143,7 @@ def test_kafkas_bad_days_one_after_another(quorum_kafka: KafkaCluster, quorum_kf
     for window in timeline.windows:
         print(f"\n{window.name} ({(window.end_ms - window.start_ms) / 1000:.0f} s)")
         for run in runs:
-            by_partition = run.acks_by_partition() if isinstance(run, VerifiableRun) else None
-            print(f"  {run.name:22} | {figures(run.acks(), run.errors(), window, by_partition).cell()}")
+            print(f"  {run.name:22} | {figures(run.acks(), run.errors(), window).cell()}")
     print("\nwhole run")
     for name, v in verdicts.items():
         print(f"  {name:22} | {v.row()} | {dict(v.send_errors)}")

@@ -108,37 +108,25 @@ class Timeline:
 
 @dataclass
 class Figures:
-    """What a client saw during one window: acknowledged sends (or committed transactions' records), errors, the
-    stall (no acknowledgement at all) and, where acknowledgements name their partition, the longest stall of one
-    partition. The two differ when a client steers new records away from a stuck broker's partitions (the Java
-    producer's adaptive partitioning does, directly; through kfan it sees one broker)."""
+    """What a client saw during one window: acknowledged sends (or committed transactions' records), errors, the stall."""
 
     acked: int
     errors: Counter[str]
     longest_stall_ms: int
-    partition_stall_ms: int | None = None
 
     def cell(self) -> str:
         errors = ", ".join(f"{k} x{v}" for k, v in sorted(self.errors.items())) or "none"
-        partition = "" if self.partition_stall_ms is None else f" (a partition {self.partition_stall_ms:>6} ms)"
-        return f"acked {self.acked:>6} | errors {sum(self.errors.values()):>3} ({errors}) | longest stall {self.longest_stall_ms:>6} ms{partition}"
+        return f"acked {self.acked:>6} | errors {sum(self.errors.values()):>3} ({errors}) | longest stall {self.longest_stall_ms:>6} ms"
 
 
-def _longest_gap(times: list[int], window: Window) -> int:
-    """The longest gap between two of ``times`` that overlaps the window (a stall that began before it counts)."""
-    times = sorted(times)
-    return max((b - a for a, b in zip(times, times[1:], strict=False) if b >= window.start_ms and a <= window.end_ms), default=0)
-
-
-def figures(
-    acks: list[tuple[int, int]], errors: list[tuple[int, str]], window: Window, by_partition: dict[int, list[int]] | None = None
-) -> Figures:
-    """``acks``: (time, records) of each acknowledgement; ``errors``: (time, name); ``by_partition``: each partition's
-    acknowledgement times, when known."""
+def figures(acks: list[tuple[int, int]], errors: list[tuple[int, str]], window: Window) -> Figures:
+    """``acks``: (time, records) of each acknowledgement; ``errors``: (time, name). The longest stall is the longest
+    gap between two acknowledgements that overlaps the window (a stall that began before it counts)."""
+    times = sorted(t for t, _ in acks)
     inside = sum(n for t, n in acks if window.start_ms <= t <= window.end_ms)
+    gaps = [b - a for a, b in zip(times, times[1:], strict=False) if b >= window.start_ms and a <= window.end_ms]
     seen = Counter(name for t, name in errors if window.start_ms <= t <= window.end_ms)
-    partition = None if by_partition is None else max((_longest_gap(ts, window) for ts in by_partition.values()), default=0)
-    return Figures(inside, seen, _longest_gap([t for t, _ in acks], window), partition)
+    return Figures(inside, seen, max(gaps, default=0))
 
 
 def leader_election(kafka: KafkaCluster) -> None:

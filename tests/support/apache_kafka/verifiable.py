@@ -238,13 +238,6 @@ class VerifiableRun:
         """(time, 1) for every acknowledged send."""
         return [(e["timestamp"], 1) for e in self.producer.named("producer_send_success")]
 
-    def acks_by_partition(self) -> dict[int, list[int]]:
-        """Each partition's acknowledgement times."""
-        out: dict[int, list[int]] = defaultdict(list)
-        for e in self.producer.named("producer_send_success"):
-            out[e["partition"]].append(e["timestamp"])
-        return dict(out)
-
     def errors(self) -> list[tuple[int, str]]:
         """(time, what) for every error the clients reported: failed sends (by exception) and failed commits."""
         sends = [(e["timestamp"], str(e.get("exception", "?")).rsplit(".", 1)[-1]) for e in self.producer.named("producer_send_error")]
