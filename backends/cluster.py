@@ -1,6 +1,6 @@
 """The control plane: what kfan knows about the cluster and how it keeps it fresh.
 
-Learns each broker's API versions at start (and so what kfan advertises),
+Learns each broker's API versions and the cluster's features at start (and so what kfan advertises),
 keeps the :class:`Topology` fresh (periodically, and at once when a request
 hit a leadership error: when and of whom it asks is :class:`Refresher`'s),
 knows which brokers are reachable (:class:`Brokers`), and takes in
@@ -22,7 +22,8 @@ from typing import Any
 
 import trio
 
-from proxy.core import advertised_versions
+from proxy.core import NO_FEATURES, Features, advertised_versions
+from proxy.core.local import merged_features
 from proxy.core.read_replicas import ReadReplicaKey, ReadReplicas
 from proxy.core.topology import Topology
 from proxy.runtime import metrics
@@ -47,6 +48,7 @@ class Brokers:
     def __init__(self, control: ControlLinks, versions_changed: Callable[[], None]) -> None:
         self.control = control
         self.versions: dict[int, dict[int, tuple[int, int]]] = {}
+        self.features: dict[int, Features] = {}  # the cluster's features, as each broker reported them
         self.nursery: trio.Nursery | None = None  # the cluster's, once it runs
         self.reachable: dict[int, bool] = {}
         self._versions_changed = versions_changed
@@ -75,14 +77,15 @@ class Brokers:
     async def probe(self, node_id: int, host: str, port: int) -> None:
         """One broker's API versions and reachability (at startup, and after each refresh)."""
         try:
-            versions = await self.control.api_versions(node_id, host, port)
+            versions, features = await self.control.broker_versions(node_id, host, port)
         except ANSWER_FAILURES as e:
             if self.reachable.get(node_id) is not False:
                 log.warning("broker %s at %s:%s is unreachable: %s", node_id, host, port, e)
             self.set_reachable(node_id, False)
         else:
-            if self.versions.get(node_id) != versions:
+            if self.versions.get(node_id) != versions or self.features.get(node_id) != features:
                 self.versions[node_id] = versions
+                self.features[node_id] = features
                 self._versions_changed()
             self.set_reachable(node_id, True)
         finally:
@@ -225,6 +228,7 @@ class Cluster:
         rack: str = "",
         read_replica_max_age: float = 300.0,
         client_logins: bool = False,
+        client_telemetry: bool = False,
     ) -> None:
         """``rack``: kfan's own (--rack); ``read_replica_max_age``: how long a leader's preferred read replica is followed;
         ``client_logins``: kfan authenticates its clients, so it advertises the login APIs, which it answers itself."""
@@ -239,7 +243,9 @@ class Cluster:
         self.max_frame_bytes = max_frame_bytes
         self.topology = Topology()
         self.api_versions: dict[int, tuple[int, int]] = {}
+        self.features = NO_FEATURES
         self.client_logins = client_logins
+        self.client_telemetry = client_telemetry  # kfan answers client telemetry (KIP-714): it advertises those APIs
         # The coordinator of each group or transaction, as kfan's own identity finds it; connections
         # that carry their client's identity have views of their own on the same bounded cache.
         self.coordinators = Coordinators(CoordinatorCache(), self, lambda: self.topology.brokers, request_timeout=request_timeout)
@@ -315,7 +321,10 @@ class Cluster:
             await trio.sleep(1)
 
     def _versions_changed(self) -> None:
-        self.api_versions = advertised_versions(list(self.broker_versions.values()), logins=self.client_logins)
+        self.api_versions = advertised_versions(
+            list(self.broker_versions.values()), logins=self.client_logins, telemetry=self.client_telemetry
+        )
+        self.features = merged_features(self.brokers.features.values())
         self.schemas.want(self.api_versions)
 
     def is_ready(self) -> bool:

@@ -5,22 +5,37 @@ its own links, separate from client traffic. The answers are read by the pure
 
 from __future__ import annotations
 
+import importlib.metadata
 from collections.abc import Callable, Mapping
 from functools import partial
 from typing import Any
 
 import trio
 
+from proxy.core import NO_FEATURES, Features
 from proxy.core.topology import Topology
 from proxy.kafka import apis, schema
+from proxy.kafka.wire import Malformed
 
 from . import backoff, transport
 from .link import Link, LinkError, own_request
-from .reads import read_api_versions, read_metadata
+from .reads import read_api_versions, read_broker_versions, read_metadata
 from .transport import BrokerSecurity
 
 # Versions the control plane speaks when the broker allows (clamped to what it supports).
 _PREFERRED = {apis.API_VERSIONS: 2, apis.METADATA: 12, apis.FIND_COORDINATOR: 3}
+
+
+def _software() -> dict[str, str]:
+    """How kfan names itself in ApiVersions v3 (brokers show it in their client metrics)."""
+    try:
+        own = importlib.metadata.version("kfan")
+    except importlib.metadata.PackageNotFoundError:
+        own = "0"
+    return {"client_software_name": "kfan", "client_software_version": own}
+
+
+_SOFTWARE = _software()
 
 
 def control_version(api_key: int, versions: Mapping[int, tuple[int, int]]) -> int:
@@ -95,6 +110,15 @@ class ControlLinks:
     async def api_versions(self, key: Any, host: str, port: int) -> dict[int, tuple[int, int]]:
         version = _PREFERRED[apis.API_VERSIONS]
         return read_api_versions(await self.call(key, apis.API_VERSIONS, version, {}, address=(host, port)), version)
+
+    async def broker_versions(self, key: Any, host: str, port: int) -> tuple[dict[int, tuple[int, int]], Features]:
+        """A broker's API versions and the cluster's features as it knows them (ApiVersions v4: v3 leaves out
+        the features whose lowest version is 0, KIP-1022; a broker older than that is asked again in v2, and reports
+        no features)."""
+        try:
+            return read_broker_versions(await self.call(key, apis.API_VERSIONS, 4, _SOFTWARE, address=(host, port)), 4)
+        except Malformed:
+            return await self.api_versions(key, host, port), NO_FEATURES
 
     async def metadata(self, key: Any, host: str, port: int, versions: Mapping[int, tuple[int, int]]) -> dict[str, Any]:
         version = control_version(apis.METADATA, versions)

@@ -3,7 +3,8 @@
 Each client connection has its own links (a broker answers a connection's
 requests in order, and idempotent producers depend on that order per broker),
 opened lazily per broker and per :class:`Lane`: Fetch long-polls get a lane
-of their own so they never stall the connection's other requests. A failed
+of their own so they never stall the connection's other requests, and so do
+share-session requests (KIP-932). A failed
 link is replaced on next use, once kfan's backoff from reconnecting to that
 broker allows (:mod:`.backoff`). :meth:`LinkPool.resolve` turns a plan's
 destination (a broker, a coordinator, any broker) into a broker id.
@@ -35,6 +36,7 @@ BrokerConnect = Callable[[Broker], Awaitable[trio.abc.Stream]]
 class Lane(enum.Enum):
     MAIN = "main"
     FETCH = "fetch"  # long-polls: a lane of their own
+    SHARE = "share"  # share sessions' fetches (long-polls too), on the connection the broker ties the session to
 
 
 class LinkPool:

@@ -19,6 +19,7 @@ import trio
 from proxy.runtime.lifeline import LIFELINE_ENV, watch_lifeline
 from proxy.runtime.logs import setup_logging
 from proxy.runtime.metrics import ListenFailed
+from proxy.runtime.telemetry import ClientTelemetry, load_subscriptions
 from proxy.server import config
 from proxy.server.config import parse_address, parse_addresses
 from proxy.server.connection import Limits
@@ -205,7 +206,19 @@ def _config(options: dict[str, Any], bootstrap: list[tuple[str, int]], reuse_por
         if options["capture"] is None
         else CaptureConfig(options["capture"], sample=options["capture_sample"], records=options["capture_records"]),
         security=security_from(options),
+        telemetry=_telemetry(options),
     )
+
+
+def _telemetry(options: dict[str, Any]) -> ClientTelemetry | None:
+    path = options["telemetry_subscriptions"]
+    if path is None:
+        return None
+    try:
+        subscriptions = load_subscriptions(path)
+    except ValueError as e:
+        raise SystemExit(f"kfan: --telemetry-subscriptions: {e}") from None
+    return ClientTelemetry(subscriptions, max_bytes=options["telemetry_max_bytes"], max_instances=options["telemetry_max_client_instances"])
 
 
 async def _until_signal(body: Callable[[trio.Nursery], Awaitable[Running | None]], shutdown_timeout: float = 0.0) -> None:

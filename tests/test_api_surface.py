@@ -89,12 +89,13 @@ def _readme_table() -> dict[int, tuple[str, int, int, str]]:
 
 
 def test_readme_api_table_matches_the_code() -> None:
-    implemented = advertised_versions([])
+    implemented = advertised_versions([], telemetry=True)
     expected = {k: (apis.api_name(k), lo, hi, policy(ROUTES[k])) for k, (lo, hi) in implemented.items()}
     assert _readme_table() == expected
 
 
 def test_every_routed_api_is_implemented_at_some_version() -> None:
-    assert set(advertised_versions([], logins=True)) == set(ROUTES)
-    # The login APIs only when kfan authenticates its clients (it answers them itself then).
-    assert set(advertised_versions([])) == {k for k, route in ROUTES.items() if route.login is None}
+    assert set(advertised_versions([], logins=True, telemetry=True)) == set(ROUTES)
+    # The login APIs only when kfan authenticates its clients, the telemetry APIs only when it has subscriptions
+    # (it answers them itself then).
+    assert set(advertised_versions([])) == {k for k, route in ROUTES.items() if route.login is None and not route.telemetry}

@@ -35,6 +35,7 @@ import yaml
 from kubernetes_validate.utils import latest_version
 
 from proxy.cli import build_parser
+from proxy.runtime.telemetry import load_subscriptions
 from proxy.server.config import OPTIONS, resolve
 from tests.support.certs import Authority
 from tests.support.kfan import SERVING
@@ -647,6 +648,8 @@ LIMITS: tuple[tuple[str, str, int | float, str], ...] = (
     ("limits.frameTimeoutSeconds", "KFAN_FRAME_TIMEOUT", 12, "12"),
     ("kafka.metadataRefreshSeconds", "KFAN_METADATA_REFRESH", 10, "10"),
     ("readReplicaMaxAgeSeconds", "KFAN_READ_REPLICA_MAX_AGE", 0.25, "0.25"),
+    ("telemetry.maxBytes", "KFAN_TELEMETRY_MAX_BYTES", 65536, "65536"),
+    ("telemetry.maxClientInstances", "KFAN_TELEMETRY_MAX_CLIENT_INSTANCES", 200, "200"),
 )
 LIMIT_ENV = {env for _, env, _, _ in LIMITS}
 
@@ -1197,3 +1200,19 @@ def test_rendered_security_configuration_runs_kfan_against_a_tls_sasl_cluster(tm
             wait_for_line(kfan.log, re.escape("security: brokers: TLS, SASL SCRAM-SHA-512 as kfan"))
         finally:
             stop_process(kfan.process, 15)
+
+
+def test_telemetry_subscriptions_are_a_file_in_the_pod_that_kfan_reads(tmp_path: Path) -> None:
+    toml = '[[subscription]]\nname = "all"\nmetrics = ["*"]\ninterval-ms = 60000\n'
+    docs = render(BASE | {"telemetry": {"subscriptions": toml, "maxBytes": 65536}})
+    env = kfan_env(docs)
+    assert env["KFAN_TELEMETRY_SUBSCRIPTIONS"] == "/etc/kfan/config/telemetry.toml"
+    assert env["KFAN_TELEMETRY_MAX_BYTES"] == "65536"
+    (files,) = [d for d in docs if d["kind"] == "ConfigMap" and d["metadata"]["name"].endswith("-file")]
+    assert files["data"] == {"telemetry.toml": toml}
+    mount = next(m for m in container(docs)["volumeMounts"] if m["name"] == "config")
+    assert mount["mountPath"] == "/etc/kfan/config"
+    (tmp_path / "telemetry.toml").write_text(files["data"]["telemetry.toml"])
+    assert load_subscriptions(tmp_path / "telemetry.toml")[0].metrics == ("*",)
+    # Without subscriptions, kfan does not serve client telemetry.
+    assert "KFAN_TELEMETRY_SUBSCRIPTIONS" not in kfan_env(render(BASE))

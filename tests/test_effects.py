@@ -17,11 +17,14 @@ from proxy.core import (
     FoldMetadata,
     ForgetCoordinators,
     ForgetReadReplicas,
+    KeepShareSession,
     KeyType,
     LearnCoordinators,
     LearnReadReplicas,
     RefreshTopology,
     RememberWatermarks,
+    ReopenShareSessions,
+    ShareSession,
     SubRequest,
 )
 from proxy.server.effects import apply_effects
@@ -52,6 +55,8 @@ SAMPLES: dict[type, tuple[Effect, str]] = {
     FetchAhead: (FetchAhead({1: (SubRequest(1, 12, [b""], True), "key")}), "fetches.fetch_ahead"),
     LearnReadReplicas: (LearnReadReplicas({("zone-a", "orders", 0): 3}), "cluster.learn_read_replicas"),
     ForgetReadReplicas: (ForgetReadReplicas(frozenset({("zone-a", "orders", 0)})), "cluster.forget_read_replicas"),
+    KeepShareSession: (KeepShareSession(("g", "m"), ShareSession(1, {}, {})), "fetches.keep_share_session"),
+    ReopenShareSessions: (ReopenShareSessions(("g", "m"), frozenset({2})), "fetches.reopen_share_sessions"),
 }
 
 

@@ -21,7 +21,6 @@ import re
 import uuid
 from collections import Counter
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -33,8 +32,6 @@ from proxy.core import (
     FoldMetadata,
     ForgetCoordinators,
     Forward,
-    Identity,
-    KeyType,
     LearnCoordinators,
     LearnReadReplicas,
     LocalReply,
@@ -46,7 +43,6 @@ from proxy.core import (
     routes,
 )
 from proxy.core.routes import ROUTES
-from proxy.core.topology import Broker, Topology
 from proxy.kafka import apis, errors, schema
 from proxy.kafka.apis import api_name
 from tests.support.golden import (
@@ -63,42 +59,27 @@ from tests.support.golden import (
     match_effects,
     request_payload,
 )
-from tests.support.records import record_batch
-
-# --- the world every case runs in ------------------------------------------------------
-
-IDENTITY = Identity(node_id=42, host="kfan.example", port=19092)
-KFAN_BROKER = {"node_id": 42, "host": "kfan.example", "port": 19092, "rack": None}
-ORDERS_ID = uuid.UUID("00000000-0000-0000-0000-0000000000a1")
-PAYMENTS_ID = uuid.UUID("00000000-0000-0000-0000-0000000000b2")
-BATCH_0, BATCH_2 = record_batch(b"batch-0"), record_batch(b"batch-2")  # whole batches: kfan checks them before sending
-TOPOLOGY = Topology(
-    brokers={1: Broker(1, "broker1", 9091), 2: Broker(2, "broker2", 9092), 3: Broker(3, "broker3", 9093)},
-    leaders={"orders": {0: 1, 1: 2, 2: 3}},
-    topic_ids={ORDERS_ID: "orders"},
-    cluster_id="golden",
-    controller_id=2,
+from tests.support.golden_kafka4 import KAFKA4_CASES
+from tests.support.golden_world import (
+    ADVERTISED,
+    BATCH_0,
+    BATCH_2,
+    BROKER,
+    BROKER_LOGGER,
+    CONTROLLER,
+    COORDINATORS,
+    ELECTION_NOT_NEEDED,
+    GROUP,
+    GROUP_ID_NOT_FOUND,
+    IDENTITY,
+    KFAN_BROKER,
+    ORDERS_ID,
+    PAYMENTS_ID,
+    TOPIC,
+    TOPOLOGY,
+    TXN,
+    one_whole,
 )
-GROUP, TXN = KeyType.GROUP, KeyType.TRANSACTION
-COORDINATORS = {
-    Coordinator(GROUP, "g1"): 2,
-    Coordinator(GROUP, "g2"): 3,
-    Coordinator(TXN, "tx1"): 3,
-    Coordinator(TXN, "tx3"): 1,
-}
-# kfan advertises every version it has a schema for (the cases pick theirs).
-ADVERTISED = {k: (r.start, r.stop - 1) for k in ROUTES if (r := schema.known_versions(k)) is not None}
-
-CONTROLLER = 2
-GROUP_ID_NOT_FOUND = 69
-ELECTION_NOT_NEEDED = 84
-TOPIC, BROKER, BROKER_LOGGER = 2, 4, 8  # config resource types
-
-
-def one_whole(name: str, api: int, version: int, to: Any, request: dict, answer: dict, effects: tuple = ()) -> Golden:
-    """The common shape: the client's bytes to one destination, its answer back unchanged."""
-    return Golden(name, api, version, request, subs={to: WHOLE}, answers={to: answer}, merged=SAME, effects=effects)
-
 
 CASES: list[Golden] = [
     # --- local --------------------------------------------------------------------------
@@ -1328,12 +1309,15 @@ CASES: list[Golden] = [
         },
     ),
 ]
+CASES += KAFKA4_CASES  # tests/support/golden_kafka4.py
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
 def test_route(case: Golden) -> None:
     payload = request_payload(case.api, case.version, case.request)
-    ctx = Context(IDENTITY, TOPOLOGY, case.advertised or ADVERTISED, coordinator_of=COORDINATORS.get)
+    ctx = Context(
+        IDENTITY, TOPOLOGY, case.advertised or ADVERTISED, coordinator_of=COORDINATORS.get, share_sessions=case.share_sessions or {}
+    )
     plan = plan_request(ctx, payload)
 
     if not case.subs:  # answered by kfan itself
@@ -1375,10 +1359,10 @@ def test_route(case: Golden) -> None:
 def test_every_route_has_one_golden_case() -> None:
     names = [c.name for c in CASES]
     assert len(names) == len(set(names)), Counter(names).most_common(3)
-    planned = {k for k, route in ROUTES.items() if route.login is None}
+    planned = {k for k, route in ROUTES.items() if route.login is None and not route.telemetry}
     assert set(names) == {api_name(k) for k in planned}
-    assert len(CASES) == len(planned) == 46
-    assert len(ROUTES) == 46 + 2  # and the two login rows, never planned (below)
+    assert len(CASES) == len(planned) == 65
+    assert len(ROUTES) == 65 + 2 + 2  # and the two login rows and the two telemetry rows, never planned (below)
     for c in CASES:
         assert c.name == api_name(c.api), c.name
 

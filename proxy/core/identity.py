@@ -39,6 +39,21 @@ def list_partition_reassignments(identity: Identity, request: Struct, response: 
     return {**response, "topics": _topics_as_kfan(identity.node_id, response["topics"])}, []
 
 
+def list_config_resources(identity: Identity, request: Struct, response: Struct, spec: StructSpec) -> tuple[Struct, list[Effect]]:
+    """The brokers' BROKER and BROKER_LOGGER resources (named by broker id) become kfan's one node's."""
+    kfan_name = str(identity.node_id)
+    entries: list[Struct] = []
+    seen: set[int] = set()
+    for r in response["config_resources"]:
+        kind = r.get("resource_type")
+        if kind not in BROKER_RESOURCES:
+            entries.append(r)
+        elif kind not in seen:
+            seen.add(kind)
+            entries.append({**r, "resource_name": kfan_name})
+    return {**response, "config_resources": entries}, []
+
+
 def names_brokers(body: Struct, layout: Layout) -> bool:
     """Whether a leader-split answer names a broker anywhere :func:`partitions` would hide it."""
     if body.get("node_endpoints"):

@@ -189,6 +189,39 @@ class ForgetReadReplicas:
     keys: frozenset[ReadReplicaKey]
 
 
+# A share session's key (KIP-932): its group id and member id, as the client names them.
+ShareKey = tuple[str | None, str | None]
+SharePartition = tuple[Any, int]  # (topic id, partition index)
+
+
+@dataclass(frozen=True, slots=True)
+class ShareSession:
+    """A client's share session with kfan, mapped onto kfan's own with the brokers (:mod:`.share`)."""
+
+    client_epoch: int  # the epoch the client's next request in it must carry
+    # Every partition in it -> the broker whose session holds it (None: no leader known yet; answered by kfan).
+    partitions: Mapping[SharePartition, int | None]
+    # Per broker holding a session for it: the epoch kfan's next request there carries (absent: none open).
+    broker_epochs: Mapping[int, int]
+
+
+@dataclass(frozen=True, slots=True)
+class KeepShareSession:
+    """The connection's share session ``key`` is now ``session`` (None: closed)."""
+
+    key: ShareKey
+    session: ShareSession | None
+
+
+@dataclass(frozen=True, slots=True)
+class ReopenShareSessions:
+    """These brokers' sessions for ``key`` broke (the broker failed, or answered a session error): the next
+    request opens them afresh."""
+
+    key: ShareKey
+    brokers: frozenset[int]
+
+
 Effect = (
     FoldMetadata
     | LearnCoordinators
@@ -198,6 +231,8 @@ Effect = (
     | FetchAhead
     | LearnReadReplicas
     | ForgetReadReplicas
+    | KeepShareSession
+    | ReopenShareSessions
 )
 
 
@@ -227,6 +262,20 @@ def _no_read_replica(key: ReadReplicaKey) -> int | None:
 
 
 @dataclass(frozen=True, slots=True)
+class Features:
+    """The cluster's features (KIP-584) as ApiVersions v3+ reports them: what the brokers support, and the levels
+    the controller finalized (``finalized_epoch`` -1: none known). Clients act on them: Kafka's producer uses
+    transactions v2 (KIP-890) once ``transaction.version`` is finalized at 2, and ``kafka-features`` shows them."""
+
+    supported: Mapping[str, tuple[int, int]] = field(default_factory=dict)
+    finalized_epoch: int = -1
+    finalized: Mapping[str, tuple[int, int]] = field(default_factory=dict)  # name -> (min level, max level)
+
+
+NO_FEATURES = Features()
+
+
+@dataclass(frozen=True, slots=True)
 class Context:
     """What the core may know of the world when planning a request."""
 
@@ -250,6 +299,10 @@ class Context:
     # The brokers see this connection as the client's own principal (--broker-identity client): what kfan's own
     # view lacks is asked of a broker as the client, never answered from that view (which the client may not see).
     client_identity: bool = False
+    # This client connection's share sessions (KIP-932), by group and member id.
+    share_sessions: Mapping[ShareKey, ShareSession] = field(default_factory=dict)
+    # The cluster's features, for ApiVersions v3+ (as the brokers last reported them).
+    features: Features = NO_FEATURES
 
 
 @dataclass(slots=True)
@@ -263,6 +316,8 @@ class LocalReply:
     unknown_topics: set[TopicKey] = field(default_factory=set)  # named but not in the topology
     cost: int = 0
     refused: dict[TopicPartition, Invalid] = field(default_factory=dict)  # records refused before any broker saw them
+    # Applied once planned, before the connection plans its next request (a share session's next epochs).
+    at_plan: list[Effect] = field(default_factory=list)
 
 
 @dataclass(slots=True)
@@ -322,6 +377,7 @@ class Forward(Generic[S]):
     broker_wait_ms: int = 0  # how long the request itself lets a broker take before answering
     cost: int = 0  # memory the request holds while in flight: its frame plus its decoded form (estimated)
     refused: dict[TopicPartition, Invalid] = field(default_factory=dict)  # records refused before any broker saw them
+    at_plan: list[Effect] = field(default_factory=list)  # as LocalReply's
     # What the merge needs beyond the request (its planner's findings); always named, as each policy's differs.
     state: S = field(kw_only=True)
 
@@ -435,3 +491,9 @@ class Route(Generic[P]):
     # Identical requests (the same version and body) from any clients, in flight at once, are sent once and share the
     # broker's answer: a read that depends on nothing but its body (Metadata, whose storms every client joins).
     shares_answers: bool = False
+    # Share-session requests (KIP-932) travel on links of their own: they long-poll, and a broker ties a share
+    # session to the connection it was opened on.
+    share_session: bool = False
+    # Client telemetry (KIP-714): answered by kfan's telemetry (:mod:`proxy.runtime.telemetry`) before any planning;
+    # served and advertised only when kfan has telemetry subscriptions, as a broker only with a metrics plugin.
+    telemetry: bool = False

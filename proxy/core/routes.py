@@ -15,42 +15,53 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from ..kafka import schema
+from ..kafka import errors, schema
 from ..kafka.apis import (
     ADD_OFFSETS_TO_TXN,
     ADD_PARTITIONS_TO_TXN,
+    ADD_RAFT_VOTER,
     ALTER_CLIENT_QUOTAS,
     ALTER_CONFIGS,
     ALTER_PARTITION_REASSIGNMENTS,
+    ALTER_SHARE_GROUP_OFFSETS,
+    ALTER_USER_SCRAM_CREDENTIALS,
     API_VERSIONS,
     CONSUMER_GROUP_DESCRIBE,
     CONSUMER_GROUP_HEARTBEAT,
     CREATE_ACLS,
+    CREATE_DELEGATION_TOKEN,
     CREATE_PARTITIONS,
     CREATE_TOPICS,
     DELETE_ACLS,
     DELETE_GROUPS,
     DELETE_RECORDS,
+    DELETE_SHARE_GROUP_OFFSETS,
     DELETE_TOPICS,
     DESCRIBE_ACLS,
     DESCRIBE_CLIENT_QUOTAS,
     DESCRIBE_CLUSTER,
     DESCRIBE_CONFIGS,
+    DESCRIBE_DELEGATION_TOKEN,
     DESCRIBE_GROUPS,
     DESCRIBE_LOG_DIRS,
     DESCRIBE_PRODUCERS,
+    DESCRIBE_QUORUM,
+    DESCRIBE_SHARE_GROUP_OFFSETS,
     DESCRIBE_TOPIC_PARTITIONS,
     DESCRIBE_TRANSACTIONS,
     DESCRIBE_USER_SCRAM_CREDENTIALS,
     ELECT_LEADERS,
     END_TXN,
+    EXPIRE_DELEGATION_TOKEN,
     FETCH,
     FIND_COORDINATOR,
+    GET_TELEMETRY_SUBSCRIPTIONS,
     HEARTBEAT,
     INCREMENTAL_ALTER_CONFIGS,
     INIT_PRODUCER_ID,
     JOIN_GROUP,
     LEAVE_GROUP,
+    LIST_CONFIG_RESOURCES,
     LIST_GROUPS,
     LIST_OFFSETS,
     LIST_PARTITION_REASSIGNMENTS,
@@ -61,16 +72,26 @@ from ..kafka.apis import (
     OFFSET_FETCH,
     OFFSET_FOR_LEADER_EPOCH,
     PRODUCE,
+    PUSH_TELEMETRY,
+    REMOVE_RAFT_VOTER,
+    RENEW_DELEGATION_TOKEN,
     SASL_AUTHENTICATE,
     SASL_HANDSHAKE,
+    SHARE_ACKNOWLEDGE,
+    SHARE_FETCH,
+    SHARE_GROUP_DESCRIBE,
+    SHARE_GROUP_HEARTBEAT,
+    STREAMS_GROUP_DESCRIBE,
+    STREAMS_GROUP_HEARTBEAT,
     SYNC_GROUP,
     TXN_OFFSET_COMMIT,
+    UPDATE_FEATURES,
 )
 from ..kafka.headers import parse_request_header
 from ..kafka.schema import Struct, decode_body_costed, request_spec
-from . import any_broker, broadcast, coordinator, fetch, identity, leader, local, log_dirs, produce
+from . import any_broker, broadcast, coordinator, fetch, identity, leader, local, log_dirs, produce, share
 from .coordinator import group_id, transactional_id, transactional_id_if_any, v3_transactional_id
-from .plan import Batch, Context, FieldPath, Forward, KeyType, Login, PartitionFields, Plan, Route, Unsupported
+from .plan import Batch, BrokerFailure, Context, FieldPath, Forward, KeyType, Login, PartitionFields, Plan, Route, Unsupported
 
 GROUP, TXN = KeyType.GROUP, KeyType.TRANSACTION
 
@@ -79,6 +100,9 @@ def _fields(request: tuple[str, str, str | None], response: tuple[str, str, str 
     return PartitionFields(FieldPath(*request), FieldPath(*response))
 
 
+# A ShareFetch partition whose broker failed: its client looks the leader up again, as after a failed Fetch.
+_SHARE_FETCH_FAILURE = BrokerFailure(errors.NOT_LEADER_OR_FOLLOWER, errors.NOT_LEADER_OR_FOLLOWER)
+
 # fmt: off
 _ROWS: tuple[Route[Any], ...] = (
     # local: answered by kfan
@@ -86,6 +110,9 @@ _ROWS: tuple[Route[Any], ...] = (
     # login: when kfan authenticates its clients (SaslHandshake v0: bare SASL tokens follow; v1: SaslAuthenticate)
     Route(SASL_HANDSHAKE, local.login, None, read_only=False, versions=(0, 1), before_login=True, login=Login.HANDSHAKE),
     Route(SASL_AUTHENTICATE, local.login, None, read_only=False, versions=(0, 2), before_login=True, login=Login.AUTHENTICATE),
+    # telemetry: when kfan has telemetry subscriptions (KIP-714), answered by it (proxy.runtime.telemetry)
+    Route(GET_TELEMETRY_SUBSCRIPTIONS, local.telemetry, None, read_only=True, telemetry=True),
+    Route(PUSH_TELEMETRY, local.telemetry, None, read_only=False, telemetry=True),
     # leader: split by partition leader, merged in client order
     Route(PRODUCE, produce.plan, leader.merge, read_only=False, layout=_fields(("topic_data", "partition_data", "index"), ("responses", "partition_responses", "index")), failure=produce.FAILURE, records="request"),
     Route(FETCH, fetch.plan, fetch.merge, read_only=True, layout=_fields(("topics", "partitions", "partition"), ("responses", "partitions", "partition_index")), failure=fetch.FAILURE, records="response", watermarks=True, sent_ahead=True),
@@ -93,7 +120,10 @@ _ROWS: tuple[Route[Any], ...] = (
     Route(OFFSET_FOR_LEADER_EPOCH, leader.plan, leader.merge, read_only=True, layout=_fields(("topics", "partitions", "partition"), ("topics", "partitions", "partition"))),
     Route(DELETE_RECORDS, leader.plan, leader.merge, read_only=False, layout=_fields(("topics", "partitions", "partition_index"), ("topics", "partitions", "partition_index"))),
     Route(DESCRIBE_PRODUCERS, leader.plan, leader.merge, read_only=True, layout=_fields(("topics", "partition_indexes", None), ("topics", "partitions", "partition_index"))),
-    # coordinator: to the group or transaction coordinator; batched forms split by coordinator
+    # share: split by partition leader, one share session per broker mapped onto the client's one
+    Route(SHARE_FETCH, share.plan, share.merge, read_only=False, share_session=True, failure=_SHARE_FETCH_FAILURE),
+    Route(SHARE_ACKNOWLEDGE, share.plan, share.merge, read_only=False, share_session=True),
+    # coordinator: to the group or transaction coordinator (share and streams groups' too); batched forms split by coordinator
     Route(JOIN_GROUP, coordinator.plan, coordinator.merge, read_only=False, coordinator_key=group_id),
     Route(SYNC_GROUP, coordinator.plan, coordinator.merge, read_only=False, coordinator_key=group_id),
     Route(HEARTBEAT, coordinator.plan, coordinator.merge, read_only=False, coordinator_key=group_id),
@@ -103,6 +133,10 @@ _ROWS: tuple[Route[Any], ...] = (
     Route(OFFSET_DELETE, coordinator.plan, coordinator.merge, read_only=False, coordinator_key=group_id),
     Route(TXN_OFFSET_COMMIT, coordinator.plan, coordinator.merge, read_only=False, coordinator_key=group_id),
     Route(CONSUMER_GROUP_HEARTBEAT, coordinator.plan, coordinator.merge, read_only=False, coordinator_key=group_id),
+    Route(SHARE_GROUP_HEARTBEAT, coordinator.plan, coordinator.merge, read_only=False, coordinator_key=group_id),
+    Route(STREAMS_GROUP_HEARTBEAT, coordinator.plan, coordinator.merge, read_only=False, coordinator_key=group_id),
+    Route(ALTER_SHARE_GROUP_OFFSETS, coordinator.plan, coordinator.merge, read_only=False, coordinator_key=group_id),
+    Route(DELETE_SHARE_GROUP_OFFSETS, coordinator.plan, coordinator.merge, read_only=False, coordinator_key=group_id),
     # Idempotent producers that are not transactional ask any broker.
     Route(INIT_PRODUCER_ID, coordinator.plan, coordinator.merge, read_only=False, coordinator_key=transactional_id_if_any),
     Route(ADD_PARTITIONS_TO_TXN, coordinator.plan, coordinator.merge, read_only=False, coordinator_key=v3_transactional_id, batch=Batch(TXN, "transactions", "transactional_id", "results_by_transaction", "transactional_id")),  # v4+
@@ -111,6 +145,9 @@ _ROWS: tuple[Route[Any], ...] = (
     Route(DESCRIBE_GROUPS, coordinator.plan, coordinator.merge, read_only=True, batch=Batch(GROUP, "groups", None, "groups", "group_id")),
     Route(DELETE_GROUPS, coordinator.plan, coordinator.merge, read_only=False, batch=Batch(GROUP, "groups_names", None, "results", "group_id")),
     Route(CONSUMER_GROUP_DESCRIBE, coordinator.plan, coordinator.merge, read_only=True, batch=Batch(GROUP, "group_ids", None, "groups", "group_id")),
+    Route(SHARE_GROUP_DESCRIBE, coordinator.plan, coordinator.merge, read_only=True, batch=Batch(GROUP, "group_ids", None, "groups", "group_id")),
+    Route(STREAMS_GROUP_DESCRIBE, coordinator.plan, coordinator.merge, read_only=True, batch=Batch(GROUP, "group_ids", None, "groups", "group_id")),
+    Route(DESCRIBE_SHARE_GROUP_OFFSETS, coordinator.plan, coordinator.merge, read_only=True, batch=Batch(GROUP, "groups", "group_id", "groups", "group_id")),
     Route(DESCRIBE_TRANSACTIONS, coordinator.plan, coordinator.merge, read_only=True, batch=Batch(TXN, "transactional_ids", None, "transaction_states", "transactional_id")),
     # every broker: asked of each, answers concatenated
     Route(LIST_GROUPS, broadcast.plan, broadcast.merge, read_only=True, broadcast_array="groups"),
@@ -139,6 +176,18 @@ _ROWS: tuple[Route[Any], ...] = (
     Route(DESCRIBE_CLIENT_QUOTAS, any_broker.plan, any_broker.merge, read_only=True),
     Route(ALTER_CLIENT_QUOTAS, any_broker.plan, any_broker.merge, read_only=False),
     Route(DESCRIBE_USER_SCRAM_CREDENTIALS, any_broker.plan, any_broker.merge, read_only=True),
+    Route(ALTER_USER_SCRAM_CREDENTIALS, any_broker.plan, any_broker.merge, read_only=False),
+    # Tokens belong to the principal the broker sees: the client's own with --broker-identity client.
+    Route(CREATE_DELEGATION_TOKEN, any_broker.plan, any_broker.merge, read_only=False),
+    Route(RENEW_DELEGATION_TOKEN, any_broker.plan, any_broker.merge, read_only=False),
+    Route(EXPIRE_DELEGATION_TOKEN, any_broker.plan, any_broker.merge, read_only=False),
+    Route(DESCRIBE_DELEGATION_TOKEN, any_broker.plan, any_broker.merge, read_only=True),
+    # The metadata quorum's own: a broker forwards them to the controllers, whose ids and endpoints they keep.
+    Route(DESCRIBE_QUORUM, any_broker.plan, any_broker.merge, read_only=True),
+    Route(UPDATE_FEATURES, any_broker.plan, any_broker.merge, read_only=False),
+    Route(ADD_RAFT_VOTER, any_broker.plan, any_broker.merge, read_only=False),
+    Route(REMOVE_RAFT_VOTER, any_broker.plan, any_broker.merge, read_only=False),
+    Route(LIST_CONFIG_RESOURCES, any_broker.plan, any_broker.merge, read_only=True, rewrite=identity.list_config_resources),
 )
 # fmt: on
 ROUTES: dict[int, Route[Any]] = {r.api: r for r in _ROWS}
@@ -155,15 +204,18 @@ def served_versions(route: Route[Any]) -> tuple[int, int] | None:
     return (lo, hi) if lo <= hi else None
 
 
-def advertised_versions(broker_versions: list[Mapping[int, tuple[int, int]]], *, logins: bool = False) -> dict[int, tuple[int, int]]:
+def advertised_versions(
+    broker_versions: list[Mapping[int, tuple[int, int]]], *, logins: bool = False, telemetry: bool = False
+) -> dict[int, tuple[int, int]]:
     """What kfan implements, intersected with what every backend broker supports.
 
-    ``logins``: kfan authenticates its clients, so it serves the login APIs too (itself: no broker is asked).
+    ``logins``: kfan authenticates its clients, so it serves the login APIs too (itself: no broker is asked);
+    ``telemetry``: kfan has client telemetry subscriptions, so it serves the telemetry APIs (itself too).
     """
     out: dict[int, tuple[int, int]] = {}
     for api_key, route in ROUTES.items():
         served = served_versions(route)
-        if served is None or (route.login is not None and not logins):
+        if served is None or (route.login is not None and not logins) or (route.telemetry and not telemetry):
             continue
         lo, hi = served
         if route.merge is not None:  # forwarded: every broker must serve it too
@@ -210,7 +262,7 @@ def plan_request(ctx: Context, payload: bytes | memoryview) -> Plan:
     payload = memoryview(payload)
     hdr = parse_request_header(payload)
     route = ROUTES.get(hdr.api_key)
-    if route is not None and route.merge is None:
+    if route is not None and route.merge is None and not route.telemetry:
         # Answered from the header alone, undecoded: an ApiVersions kfan cannot decode still gets an answer.
         return route.plan(route, ctx, hdr, payload, {})
     served = ctx.api_versions.get(hdr.api_key)

@@ -25,6 +25,7 @@ from proxy.capture.recorder import Capture
 from proxy.core import Identity
 from proxy.runtime import metrics
 from proxy.runtime.budget import MemoryPool
+from proxy.runtime.telemetry import ClientTelemetry
 from proxy.security.tls import ServerTLS, principal_of
 from proxy.server.client_auth import ClientAuthConfig
 from proxy.server.connection import ClientConnection, Limits
@@ -47,6 +48,7 @@ async def serve_client(
     tls: ServerTLS | None = None,
     auth: ClientAuthConfig | None = None,
     prelogin: PreLogin | None = None,
+    telemetry: ClientTelemetry | None = None,
 ) -> None:
     if registry is not None and len(registry) >= limits.max_connections:
         # As a broker over max.connections: the new connection is closed at once.
@@ -65,7 +67,7 @@ async def serve_client(
         await trio.aclose_forcefully(stream)
         return
     try:
-        await _serve_admitted(stream, cluster, identity, limits, registry, capture, pool, tls, auth, peer, admitted)
+        await _serve_admitted(stream, cluster, identity, limits, registry, capture, pool, tls, auth, peer, admitted, telemetry)
     finally:
         admitted.leave()
 
@@ -82,6 +84,7 @@ async def _serve_admitted(
     auth: ClientAuthConfig | None,
     peer: str,
     admitted: Admitted,
+    telemetry: ClientTelemetry | None,
 ) -> None:
     principal = None
     if tls is not None:
@@ -95,7 +98,9 @@ async def _serve_admitted(
             log.info("client at %s: TLS client certificate of %s", peer, principal)
     if auth is None:
         admitted.leave()  # no SASL login to wait for: the client is in
-    conn = ClientConnection(stream, cluster, identity, limits, capture, pool, auth=auth, peer=peer, principal=principal, admitted=admitted)
+    conn = ClientConnection(
+        stream, cluster, identity, limits, capture, pool, auth=auth, peer=peer, principal=principal, admitted=admitted, telemetry=telemetry
+    )
     log.debug("client %s connected from %s", conn.id, peer)
     metrics.CLIENT_CONNECTIONS.inc()
     try:

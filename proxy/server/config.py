@@ -149,6 +149,16 @@ OPTIONS: tuple[Option, ...] = (
     Option("capture", Path, None, "record client exchanges as Parquet files in this directory", "DIR"),
     Option("capture-sample", float, 1.0, "fraction of exchanges captured", "FRACTION"),
     Option("capture-records", _records_mode, "full", "full, or none: record batches emptied so no payload is stored", "full|none"),
+    # --- client telemetry (KIP-714)
+    Option(
+        "telemetry-subscriptions",
+        Path,
+        None,
+        "answer client telemetry (KIP-714) with the subscriptions in this TOML file, and serve what clients push on /metrics",
+        "FILE",
+    ),
+    Option("telemetry-max-bytes", int, 1024 * 1024, "largest telemetry push accepted, before and after decompression", "BYTES"),
+    Option("telemetry-max-client-instances", int, 1000, "client instances whose pushed metrics are kept; the least recent go first", "N"),
     # --- TLS to clients
     Option("tls-cert", Path, None, "serve TLS to clients with this certificate chain (PEM); re-read when it changes", "FILE"),
     Option("tls-key", Path, None, "the private key of --tls-cert (PEM); re-read when it changes", "FILE"),

@@ -54,6 +54,7 @@ from proxy.runtime import metrics
 from proxy.runtime.budget import Budget, MemoryPool
 from proxy.runtime.frame_io import receive_into, send_frame
 from proxy.runtime.reclaim import release_later
+from proxy.runtime.telemetry import ClientTelemetry
 from proxy.security.tls import looks_like_tls
 from proxy.server.broker_login import confirm_login
 from proxy.server.client_auth import Answer, ClientAuthConfig, ClientSession, Refused
@@ -233,6 +234,7 @@ class ClientConnection:
         peer: str = "?",
         principal: str | None = None,
         admitted: Admitted | None = None,
+        telemetry: ClientTelemetry | None = None,
     ) -> None:
         """``auth``: clients log in with SASL first; ``principal``: who the client's TLS certificate says it is;
         ``admitted``: its place among the process's connections not logged in yet (with ``auth``)."""
@@ -244,6 +246,7 @@ class ClientConnection:
         self.id = next(_ids)
         self.peer = peer
         self.principal = principal
+        self._telemetry = telemetry  # kfan's client telemetry (KIP-714), when it has subscriptions
         self._connect_broker = connect_broker
         self._pool = pool if pool is not None else MemoryPool(limits.max_buffered_bytes)
         self._budget = Budget(limits.max_connection_bytes, self._pool)
@@ -284,6 +287,8 @@ class ClientConnection:
                     validate_records=limits.validate_records,
                     fetch_ahead_bytes=limits.fetch_ahead_bytes,
                     client_identity=carry,
+                    telemetry=self._telemetry,
+                    principal=self._principal,
                 )
                 nursery.start_soon(self._write, nursery.cancel_scope)
                 async with self._orderer:
@@ -303,6 +308,11 @@ class ClientConnection:
             self._receiver.release()
             with trio.CancelScope(shield=True):
                 await trio.aclose_forcefully(self.stream)
+
+    def _principal(self) -> str:
+        """Who the client is, as far as kfan knows (its login, its certificate), for its telemetry's labels."""
+        session = None if self._login is None else self._login.session
+        return (session.principal if session is not None else None) or self.principal or ""
 
     def drain(self) -> None:
         """Stop reading requests; answer those already read, then close (graceful shutdown)."""

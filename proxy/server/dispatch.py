@@ -89,7 +89,7 @@ class Dispatcher:
                 continue
             if destination is ANY_BROKER and self.links.link(broker, Lane.MAIN) is None:
                 broker = self.links.another_broker(broker) or broker  # any broker will do: one kfan is not backing off from
-            link = await self.links.link_when_ready(broker, Lane.MAIN)
+            link = await self.links.link_when_ready(broker, _lane(plan))
             if link is None:
                 out[destination] = Failed(plan.route.failure.code(written=False))
                 continue
@@ -159,7 +159,7 @@ class Dispatcher:
                 # Its link fails only once the closing below is done: until then it must not be
                 # joined, by this request asked again of another broker or by anyone else's.
                 self.cluster.flights.landed(pending)
-                self.links.close(pending.broker, Lane.MAIN)
+                self.links.close(pending.broker, _lane(plan))
             answers[d] = Failed(errors.REQUEST_TIMED_OUT)
         return Gathered(answers, handles, {})
 
@@ -184,3 +184,7 @@ class Dispatcher:
             latency = pending.done_at - pending.created_at
             metrics.BROKER_LATENCY.labels(str(pending.broker), str(plan.header.api_key)).observe(latency)
         return Response(payload)
+
+
+def _lane(plan: Forward) -> Lane:
+    return Lane.SHARE if plan.route.share_session else Lane.MAIN

@@ -3,7 +3,7 @@
 The core's merges return effects as values (:mod:`proxy.core.plan`); this
 module applies each one, the cluster's to the control plane
 (:class:`backends.cluster.Cluster`) and the connection's coordinator view,
-a connection's own to its Fetch memory (:class:`FetchMemory`). One
+a connection's own to its Fetch memory (:class:`FetchMemory`: watermarks, sub-fetches sent ahead, share sessions). One
 exhaustive ``match``: a new effect type without a case here is a type error
 for a checker and an ``AssertionError`` at run time, never ignored.
 
@@ -24,10 +24,14 @@ from proxy.core import (
     FoldMetadata,
     ForgetCoordinators,
     ForgetReadReplicas,
+    KeepShareSession,
     LearnCoordinators,
     LearnReadReplicas,
     RefreshTopology,
     RememberWatermarks,
+    ReopenShareSessions,
+    ShareKey,
+    ShareSession,
     Watermarks,
 )
 from proxy.core.layout import TopicPartition
@@ -39,6 +43,10 @@ class FetchMemory(Protocol):
     def remember_watermarks(self, watermarks: Mapping[TopicPartition, Watermarks]) -> None: ...
 
     def fetch_ahead(self, ahead: FetchAhead) -> None: ...
+
+    def keep_share_session(self, key: ShareKey, session: ShareSession | None) -> None: ...
+
+    def reopen_share_sessions(self, key: ShareKey, brokers: frozenset[int]) -> None: ...
 
 
 def apply_effects(effects: Iterable[Effect], cluster: Cluster, coordinators: Coordinators, fetches: FetchMemory) -> None:
@@ -63,5 +71,9 @@ def apply_effects(effects: Iterable[Effect], cluster: Cluster, coordinators: Coo
                 fetches.remember_watermarks(effect.watermarks)
             case FetchAhead():
                 fetches.fetch_ahead(effect)
+            case KeepShareSession():
+                fetches.keep_share_session(effect.key, effect.session)
+            case ReopenShareSessions():
+                fetches.reopen_share_sessions(effect.key, effect.brokers)
             case _:
                 assert_never(effect)

@@ -7,7 +7,8 @@ client answer used yet (:class:`proxy.core.fetch.InflightFetches`): sent
 ahead while the client reads an answer, still long-polling when a Fetch was
 answered without it, or asked again. The next Fetch asking exactly the same
 reuses it, so a slow broker's data arrives at all while a fast one keeps
-answering first.
+answering first. It also keeps the connection's share sessions (KIP-932), as
+the core maps them onto the brokers' (:mod:`proxy.core.share`).
 
 A sub-fetch its Fetch was answered without stays at most
 :data:`FETCH_AHEAD_TTL` after its answer came, then goes with its bytes; and
@@ -29,7 +30,7 @@ import trio
 
 from backends.link import Pending
 from backends.links import Lane, LinkPool
-from proxy.core import BrokerAnswer, Destination, Failed, FetchAhead, FetchForward, Watermarks
+from proxy.core import BrokerAnswer, Destination, Failed, FetchAhead, FetchForward, ShareKey, ShareSession, Watermarks, share
 from proxy.core.fetch_wait import InflightFetches, answer_ceilings
 from proxy.core.layout import TopicPartition
 from proxy.runtime.budget import Budget
@@ -61,6 +62,8 @@ class Fetches:
         self._budget = budget
         self._nursery = nursery
         self._watermarks: dict[TopicPartition, Watermarks] = {}
+        # At most share.MAX_SESSIONS_PER_CONNECTION: the core opens no more.
+        self._share_sessions: dict[ShareKey, ShareSession] = {}
         self._kept = InflightFetches[Pending](_answered_at, FETCH_AHEAD_TTL, _evicted)
         self._expiring: dict[int, tuple[Pending, trio.CancelScope]] = {}  # per broker: the kept sub-fetch watched
 
@@ -71,6 +74,21 @@ class Fetches:
 
     def remember_watermarks(self, watermarks: Mapping[TopicPartition, Watermarks]) -> None:
         self._watermarks.update(watermarks)
+
+    @property
+    def share_sessions(self) -> Mapping[ShareKey, ShareSession]:
+        """The connection's share sessions (KIP-932) with kfan, each mapped onto the brokers' (what planning reads)."""
+        return self._share_sessions
+
+    def keep_share_session(self, key: ShareKey, session: ShareSession | None) -> None:
+        if session is None:
+            self._share_sessions.pop(key, None)
+        else:
+            self._share_sessions[key] = session
+
+    def reopen_share_sessions(self, key: ShareKey, brokers: frozenset[int]) -> None:
+        if (session := self._share_sessions.get(key)) is not None:
+            self._share_sessions[key] = share.reopened(session, brokers)
 
     def reuse(self, broker: int, key: Hashable, hung_after: float) -> Pending | None:
         """The sub-fetch already out to ``broker`` asking exactly ``key``, now waited for by one more Fetch."""

@@ -25,7 +25,7 @@ import dataclasses
 import logging
 import os
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 
 import trio
 
@@ -55,6 +55,7 @@ from proxy.kafka.records import Invalid
 from proxy.kafka.wire import Parts
 from proxy.runtime import metrics
 from proxy.runtime.budget import Budget
+from proxy.runtime.telemetry import ClientTelemetry
 from proxy.server.dispatch import Dispatcher
 from proxy.server.effects import apply_effects
 from proxy.server.fetches import Fetches
@@ -87,6 +88,8 @@ class Forwarder:
         validate_records: bool = True,
         fetch_ahead_bytes: int = 0,
         client_identity: bool = False,
+        telemetry: ClientTelemetry | None = None,
+        principal: Callable[[], str] = str,
     ) -> None:
         """``nursery``: the connection's, where answers are awaited and kept sub-fetches expire.
 
@@ -103,7 +106,9 @@ class Forwarder:
         self.request_timeout = request_timeout
         self._nursery = nursery
         self.fetches = Fetches(links, budget, nursery)
-        self.planner = Planner(cluster, links, identity, self.fetches, client, validate_records, fetch_ahead_bytes, client_identity)
+        self.planner = Planner(
+            cluster, links, identity, self.fetches, client, validate_records, fetch_ahead_bytes, client_identity, telemetry, principal
+        )
         self.dispatcher = Dispatcher(
             cluster, links, self.fetches, request_timeout=request_timeout, max_hold=max_hold, client=client, client_identity=client_identity
         )
@@ -118,6 +123,7 @@ class Forwarder:
         """
         read_at = time.time_ns() if self.capture is not None and self.capture.sampled() else None
         ctx, plan = await self.planner.plan(payload)
+        self._apply(plan.at_plan)  # before the next request is planned (a share session's epochs)
         if plan.refused:
             self._refused_records(plan.refused)
         await self.budget.acquire(plan.cost)

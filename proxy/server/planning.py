@@ -17,14 +17,19 @@ from __future__ import annotations
 
 import functools
 import logging
+from collections.abc import Callable
 
 import trio
 
 from backends.cluster import Cluster
 from backends.links import LinkPool
 from proxy.core import Context, Forward, Identity, LocalReply, NeedCoordinators, Plan, Unsupported, plan_request
-from proxy.kafka.headers import peek_request
+from proxy.core.routes import ROUTES
+from proxy.kafka import apis
+from proxy.kafka.headers import parse_request_header, peek_request
+from proxy.kafka.schema import decode_body, request_spec
 from proxy.kafka.wire import Malformed
+from proxy.runtime.telemetry import ClientTelemetry, TelemetryClient
 from proxy.server.fetches import Fetches
 
 log = logging.getLogger("kfan.connection")
@@ -51,6 +56,8 @@ class Planner:
         validate_records: bool = True,
         fetch_ahead_bytes: int = 0,
         client_identity: bool = False,
+        telemetry: ClientTelemetry | None = None,
+        principal: Callable[[], str] = str,
     ) -> None:
         self.cluster = cluster
         self.links = links
@@ -60,6 +67,9 @@ class Planner:
         self.validate_records = validate_records
         self.fetch_ahead_bytes = fetch_ahead_bytes
         self.client_identity = client_identity
+        self.telemetry = telemetry
+        self.principal = principal
+        self.software = ("", "")  # the client's software name and version, from its ApiVersions (v3+)
 
     async def plan(self, payload: bytes | memoryview) -> tuple[Context, LocalReply | Forward]:
         """Plan one request (the context it was planned with too); raises :class:`Unanswerable`."""
@@ -77,6 +87,8 @@ class Planner:
             raise Unanswerable("internal_error") from e
 
     async def _plan(self, payload: bytes | memoryview) -> tuple[Context, LocalReply | Forward]:
+        if self.telemetry is not None and (answered := self._telemetry(payload)) is not None:
+            return self._context(), answered
         plan: Plan = plan_request(ctx := self._context(), payload)
         if isinstance(plan, LocalReply | Forward) and plan.unknown_topics:
             # Topics created since the last refresh: a broker would know them.
@@ -88,6 +100,32 @@ class Planner:
             plan = plan_request(ctx := self._context(coordinators_looked_up=True), payload)
         assert not isinstance(plan, NeedCoordinators)
         return ctx, plan
+
+    def _telemetry(self, payload: bytes | memoryview) -> LocalReply | None:
+        """Client telemetry (KIP-714), answered by kfan's; None for any other request (an ApiVersions is read for
+        the client's software name and version first, which subscriptions match on)."""
+        assert self.telemetry is not None
+        hdr = parse_request_header(payload)
+        route = ROUTES.get(hdr.api_key)
+        if hdr.api_key == apis.API_VERSIONS and hdr.known and hdr.api_version >= 3:
+            try:
+                request = decode_body(request_spec(hdr.api_key, hdr.api_version), payload, hdr.body_offset, allow_trailing=True)
+                self.software = (request["client_software_name"], request["client_software_version"])
+            except (Malformed, KeyError):
+                pass  # answered as any ApiVersions kfan cannot read
+            return None
+        if route is None or not route.telemetry or not hdr.known:
+            return None
+        served = self.cluster.api_versions.get(hdr.api_key)
+        if served is None or not served[0] <= hdr.api_version <= served[1]:
+            return None  # planning refuses it
+        request = decode_body(request_spec(hdr.api_key, hdr.api_version), payload, hdr.body_offset, allow_trailing=True)
+        if hdr.api_key == apis.PUSH_TELEMETRY:
+            body = self.telemetry.push(hdr.api_version, request)
+        else:
+            client = TelemetryClient(hdr.client_id or "", *self.software, self.principal())
+            body = self.telemetry.get_subscriptions(hdr.api_version, request, client)
+        return LocalReply(hdr, True, body, cost=len(payload))
 
     def _context(self, coordinators_looked_up: bool = False) -> Context:
         cluster = self.cluster
@@ -104,4 +142,6 @@ class Planner:
             # One clock reading per request, not one per partition it names.
             functools.partial(cluster.read_replicas.get, now=trio.current_time()),
             self.client_identity,
+            self.fetches.share_sessions,
+            cluster.features,
         )

@@ -8,6 +8,7 @@ accepting, let every connection answer the requests it has read, close.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import logging
 import resource
@@ -16,12 +17,14 @@ from dataclasses import dataclass, field
 from functools import partial
 
 import trio
+from prometheus_client import REGISTRY
 
 from backends.cluster import Cluster
 from proxy.capture.recorder import Capture, CaptureConfig
 from proxy.core import Identity
 from proxy.runtime import metrics
 from proxy.runtime.budget import MemoryPool
+from proxy.runtime.telemetry import ClientTelemetry
 from proxy.server.accept import serve_listeners
 from proxy.server.admission import serve_client
 from proxy.server.connection import Limits
@@ -47,6 +50,7 @@ class ServerConfig:
     shutdown_timeout_s: float = 25.0
     capture: CaptureConfig | None = None
     security: Security = field(default_factory=Security)
+    telemetry: ClientTelemetry | None = None  # client telemetry subscriptions (KIP-714), when configured
 
 
 @dataclass
@@ -191,6 +195,7 @@ async def serve(config: ServerConfig, task_status: trio.TaskStatus[Running] = tr
         rack=config.rack,
         read_replica_max_age=config.read_replica_max_age_s,
         client_logins=config.security.client_auth is not None,
+        client_telemetry=config.telemetry is not None,
     )
     for line in config.security.summary:
         log.info("security: %s", line)
@@ -202,6 +207,10 @@ async def serve(config: ServerConfig, task_status: trio.TaskStatus[Running] = tr
         )
     else:
         log.info("zone-aware fetching: no rack (--rack); clients' own racks are still carried to the brokers")
+    if config.telemetry is not None:
+        # What clients push is served on /metrics with kfan's own (one process serves it: --workers forks after this).
+        with contextlib.suppress(ValueError):  # registered already: a server started again in this process
+            REGISTRY.register(config.telemetry)
     async with trio.open_nursery() as nursery:
         metrics_port = None
         if config.metrics_listen is not None:
@@ -231,6 +240,7 @@ async def serve(config: ServerConfig, task_status: trio.TaskStatus[Running] = tr
             prelogin=PreLogin(config.limits.login),
             tls=config.security.tls,
             auth=config.security.client_auth,
+            telemetry=config.telemetry,
         )
         task_status.started(running)
         async with trio.open_nursery() as clients:

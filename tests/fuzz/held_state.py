@@ -12,22 +12,47 @@
   (settled, reused as hung) or reported evicted, once: none is dropped
   silently, or the bytes of its answer would stay counted (or uncounted) for ever;
   and it holds at most one per broker.
+* ``share_sessions`` — a client's share session (KIP-932) through the core's
+  ShareFetch and ShareAcknowledge plans and merges (:mod:`proxy.core.share`),
+  against random answers and moving leaders: every sub-request carries its
+  broker session's epoch, and the session stays within its bounds.
 """
 
 from __future__ import annotations
 
 import random
 import time
+import uuid
 from collections.abc import Callable
+from typing import Any
 
 from backends.coordinators import CoordinatorCache, entry_bytes
-from proxy.core import NOT_YET, Coordinator, Failed, KeyType
+from proxy.core import (
+    NOT_YET,
+    Context,
+    Coordinator,
+    Failed,
+    Forward,
+    Identity,
+    KeepShareSession,
+    KeyType,
+    ReopenShareSessions,
+    Response,
+    ShareKey,
+    ShareSession,
+    plan_request,
+    share,
+)
 from proxy.core.fetch_wait import InflightFetches
 from proxy.core.plan import MAX_CACHED_KEY_CHARS, cacheable
+from proxy.core.topology import Broker, Topology
+from proxy.kafka import apis, schema
+from proxy.kafka.schema import Struct
+from tests.support import golden
 
 from .harness import HANG_SECONDS, Broken, Tally, check
 
-CACHE, INFLIGHT = "coordinator_cache", "inflight_fetches"
+CACHE, INFLIGHT, SHARE = "coordinator_cache", "inflight_fetches", "share_sessions"
 _KEY_LENGTHS = (0, 1, 10, 255, MAX_CACHED_KEY_CHARS - 1, MAX_CACHED_KEY_CHARS, MAX_CACHED_KEY_CHARS + 1, 100_000, 2 * 1024 * 1024)
 
 
@@ -125,11 +150,112 @@ def _inflight_case(rng: random.Random) -> None:
     fetches.settle({0: Failed(0)}, {0: b""})
 
 
+_SHARE_IDENTITY = Identity(42, "kfan", 9092)
+_TOPICS = (uuid.UUID(int=0xA1), uuid.UUID(int=0xB2), uuid.UUID(int=0xC3))  # the last one unknown to the topology
+_SHARE_ERRORS = (0, 0, 0, 0, 6, 100, 121, 122, 123, 133, 42, 30)
+
+
+def _share_topology(rng: random.Random) -> Topology:
+    brokers = {b: Broker(b, f"b{b}", 9000 + b) for b in (1, 2, 3) if b == 1 or rng.random() < 0.8}
+    leaders = {name: {p: rng.choice((1, 2, 3, -1)) for p in range(4)} for name in ("a", "b")}
+    return Topology(brokers=brokers, leaders=leaders, topic_ids={_TOPICS[0]: "a", _TOPICS[1]: "b"})
+
+
+def _share_request(rng: random.Random, session: ShareSession | None, fetch: bool) -> dict[str, Any]:
+    epoch = rng.choice((0, -1, 7)) if session is None or rng.random() < 0.1 else session.client_epoch
+    named = [(rng.choice(_TOPICS), rng.randrange(6)) for _ in range(rng.randrange(6))]
+    topics: dict[Any, list[dict[str, Any]]] = {}
+    for topic, p in named:
+        acks = [{"first_offset": 0, "last_offset": 3, "acknowledge_types": [rng.choice((1, 2, 3))]}] if rng.random() < 0.4 else []
+        topics.setdefault(topic, []).append({"partition_index": p, "acknowledgement_batches": acks})
+    body: dict[str, Any] = {
+        "group_id": "g",
+        "member_id": "m",
+        "share_session_epoch": epoch,
+        "topics": [{"topic_id": t, "partitions": ps} for t, ps in topics.items()],
+    }
+    if fetch:
+        forget = [(rng.choice(_TOPICS), rng.randrange(6)) for _ in range(rng.randrange(3))]
+        body.update(max_wait=500, min_bytes=1, max_bytes=rng.choice((0, 1, 1 << 20)), max_records=500, batch_size=500)
+        body["forgotten_topics_data"] = [{"topic_id": t, "partitions": [p]} for t, p in forget]
+    return body
+
+
+def _share_answer(rng: random.Random, api: int, sub: Struct) -> Any:
+    roll = rng.random()
+    if roll < 0.1:
+        return Failed(rng.choice((6, 13, 7)))
+    if roll < 0.15:
+        return Response(bytes(rng.randrange(256) for _ in range(rng.randrange(12))))  # garbage
+    spec = schema.response_spec(api, 1)
+    entries = [
+        {
+            "topic_id": t["topic_id"],
+            "partitions": [
+                {
+                    **spec.field("responses").struct.field("partitions").struct.blank(),  # type: ignore[union-attr]
+                    "partition_index": p["partition_index"],
+                    "error_code": rng.choice(_SHARE_ERRORS),
+                }
+                for p in t["partitions"]
+            ],
+        }
+        for t in sub["topics"]
+    ]
+    body = {
+        **spec.blank(),
+        "error_code": rng.choice(_SHARE_ERRORS) if rng.random() < 0.2 else 0,
+        "responses": entries,
+        "node_endpoints": [],
+    }
+    return Response(b"\0\0\0\0\0" + b"".join(schema.encode_body(spec, body)))
+
+
+def _share_case(rng: random.Random) -> None:
+    """A client's share session through kfan: random ShareFetch and ShareAcknowledge requests (right and wrong
+    epochs, acknowledgements, forgotten partitions, unknown topics), random broker answers (errors, failures,
+    garbage), leaders moving. Every sub-request carries the epoch the session held for its broker; the session
+    never holds a broker outside the cluster nor more unrouted partitions than its bound; every answer decodes."""
+    sessions: dict[ShareKey, ShareSession] = {}
+    for _ in range(rng.randint(1, 25)):
+        topology = _share_topology(rng)
+        fetch = rng.random() < 0.7
+        api = apis.SHARE_FETCH if fetch else apis.SHARE_ACKNOWLEDGE
+        before = sessions.get(("g", "m"))
+        body = _share_request(rng, before, fetch)
+        ctx = Context(_SHARE_IDENTITY, topology, {apis.SHARE_FETCH: (1, 2), apis.SHARE_ACKNOWLEDGE: (1, 2)}, share_sessions=dict(sessions))
+        plan = plan_request(ctx, golden.request_payload(api, 1, body))
+        effects = list(plan.at_plan)
+        if isinstance(plan, Forward):
+            for b, sub in plan.subs.items():
+                if not isinstance(b, int) or b not in topology.brokers:
+                    raise Broken(f"a sub-request to {b!r}, not a broker of the cluster")
+                _, sent = golden.decode_sub(api, 1, b"".join(sub.tail))
+                expected = before.broker_epochs.get(b, 0) if before is not None and body["share_session_epoch"] > 0 else 0
+                if sent["share_session_epoch"] not in (expected, -1):
+                    raise Broken(f"broker {b} sent epoch {sent['share_session_epoch']}, its session holds {expected}")
+            reply = plan.merge(
+                plan, {b: _share_answer(rng, api, golden.decode_sub(api, 1, b"".join(sub.tail))[1]) for b, sub in plan.subs.items()}
+            )
+            effects += reply.effects
+            schema.decode_body(schema.response_spec(api, 1), b"".join(reply.body))
+        else:
+            schema.decode_body(schema.response_spec(api, 1), b"".join(plan.body))
+        for e in effects:
+            if isinstance(e, KeepShareSession):
+                sessions.pop(e.key, None) if e.session is None else sessions.__setitem__(e.key, e.session)
+            elif isinstance(e, ReopenShareSessions) and e.key in sessions:
+                sessions[e.key] = share.reopened(sessions[e.key], e.brokers)
+        for session in sessions.values():
+            if sum(1 for b in session.partitions.values() if b is None) > share.MAX_UNROUTED_PER_SESSION:
+                raise Broken("a session holds more unrouted partitions than its bound")
+
+
 def campaign(seed: int | str, indexes: range, tally: Tally, hang_seconds: float = HANG_SECONDS, deadline: float | None = None) -> None:
     for i in indexes:
         if deadline is not None and time.monotonic() > deadline:
             return
-        for target, case in ((CACHE, _cache_case), (INFLIGHT, _inflight_case)):
+        for target, case in ((CACHE, _cache_case), (INFLIGHT, _inflight_case), (SHARE, _share_case)):
             run_case(target, case, seed, i, tally, hang_seconds)
 
 

@@ -26,6 +26,7 @@ from proxy.core import (
     leader,
     local,
     produce,
+    share,
 )
 from proxy.core.topology import Broker, Topology
 from proxy.kafka import schema
@@ -70,6 +71,8 @@ def without_topics(topology: Topology, names: Iterable[str]) -> Topology:
 _POLICIES = {
     local.plan: "local",
     local.login: "local",  # answered by kfan's login exchange (when it authenticates clients)
+    local.telemetry: "local",  # answered by kfan's client telemetry (when it has subscriptions)
+    share.plan: "share",
     leader.plan: "leader",
     produce.plan: "leader",
     fetch.plan: "leader",

@@ -38,6 +38,7 @@ class Golden:
     effects: Sequence[Effect] = ()
     unknown_topics: frozenset[Any] = frozenset()
     advertised: Mapping[int, tuple[int, int]] | None = None  # what kfan advertises, when the case needs its own
+    share_sessions: Mapping[Any, Any] | None = None  # the connection's share sessions, when the case needs some
 
 
 def filled(spec: StructSpec, value: Struct) -> Struct:

@@ -274,6 +274,7 @@ KFAN_METRICS_LISTEN binds the parent's metrics port and dies.
   "KFAN_LOG_JSON" "logJson"
   "KFAN_RACK" "rack (or rackFromNodeZone)"
   "KFAN_CONFIG" "configFile"
+  "KFAN_TELEMETRY_SUBSCRIPTIONS" "telemetry.subscriptions"
   "KFAN_TLS_CERT" "tls"
   "KFAN_TLS_KEY" "tls"
   "KFAN_TLS_CLIENT_CA" "tls.clientCA"
@@ -300,7 +301,7 @@ KFAN_METRICS_LISTEN binds the parent's metrics port and dies.
   "KFAN_CLIENT_AUTH_MAX_RECEIVE_BYTES" "clientAuth.maxReceiveBytes"
   "KFAN_CLIENT_AUTH_TIMEOUT" "clientAuth.timeoutSeconds"
 -}}
-{{- $extraAllowed := list "KFAN_MAX_FRAME_BYTES" "KFAN_MAX_INFLIGHT" "KFAN_MAX_CONNECTION_BYTES" "KFAN_MAX_BUFFERED_BYTES" "KFAN_MAX_CONNECTIONS" "KFAN_MAX_HOLD" "KFAN_IDLE_TIMEOUT" "KFAN_FRAME_TIMEOUT" "KFAN_REQUEST_TIMEOUT" "KFAN_METADATA_REFRESH" "KFAN_CAPTURE" "KFAN_CAPTURE_SAMPLE" "KFAN_CAPTURE_RECORDS" "KFAN_VALIDATE_RECORDS" "KFAN_FETCH_AHEAD_BYTES" "KFAN_READ_REPLICA_MAX_AGE" "KFAN_MAX_UNAUTHENTICATED_PER_ADDRESS" "KFAN_MAX_UNAUTHENTICATED_BYTES" -}}
+{{- $extraAllowed := list "KFAN_MAX_FRAME_BYTES" "KFAN_MAX_INFLIGHT" "KFAN_MAX_CONNECTION_BYTES" "KFAN_MAX_BUFFERED_BYTES" "KFAN_MAX_CONNECTIONS" "KFAN_MAX_HOLD" "KFAN_IDLE_TIMEOUT" "KFAN_FRAME_TIMEOUT" "KFAN_REQUEST_TIMEOUT" "KFAN_METADATA_REFRESH" "KFAN_CAPTURE" "KFAN_CAPTURE_SAMPLE" "KFAN_CAPTURE_RECORDS" "KFAN_VALIDATE_RECORDS" "KFAN_FETCH_AHEAD_BYTES" "KFAN_READ_REPLICA_MAX_AGE" "KFAN_MAX_UNAUTHENTICATED_PER_ADDRESS" "KFAN_MAX_UNAUTHENTICATED_BYTES" "KFAN_TELEMETRY_MAX_BYTES" "KFAN_TELEMETRY_MAX_CLIENT_INSTANCES" -}}
 {{- $env := dict
   "KFAN_BOOTSTRAP" (include "kfan.bootstrap" .)
   "KFAN_ADVERTISE" (include "kfan.advertise" .)
@@ -339,6 +340,8 @@ int() refuses that. */}}
   (list "KFAN_FRAME_TIMEOUT" "limits.frameTimeoutSeconds" $l.frameTimeoutSeconds "seconds")
   (list "KFAN_METADATA_REFRESH" "kafka.metadataRefreshSeconds" .Values.kafka.metadataRefreshSeconds "seconds")
   (list "KFAN_READ_REPLICA_MAX_AGE" "readReplicaMaxAgeSeconds" .Values.readReplicaMaxAgeSeconds "seconds")
+  (list "KFAN_TELEMETRY_MAX_BYTES" "telemetry.maxBytes" .Values.telemetry.maxBytes "int")
+  (list "KFAN_TELEMETRY_MAX_CLIENT_INSTANCES" "telemetry.maxClientInstances" .Values.telemetry.maxClientInstances "int")
 }}
 {{- $tuned := dict }}
 {{- range $tuning }}
@@ -412,6 +415,9 @@ int() refuses that. */}}
 {{- $_ := set $env "KFAN_CLIENT_AUTH_FAILURE_DELAY" (toString $auth.failureDelaySeconds) }}
 {{- $_ := set $env "KFAN_CLIENT_AUTH_MAX_RECEIVE_BYTES" (toString (int $auth.maxReceiveBytes)) }}
 {{- $_ := set $env "KFAN_CLIENT_AUTH_TIMEOUT" (toString $auth.timeoutSeconds) }}
+{{- end }}
+{{- if .Values.telemetry.subscriptions }}
+{{- $_ := set $env "KFAN_TELEMETRY_SUBSCRIPTIONS" "/etc/kfan/config/telemetry.toml" }}
 {{- end }}
 {{- with .Values.configFile }}
 {{- $_ := set $env "KFAN_CONFIG" "/etc/kfan/config/kfan.toml" }}

@@ -3,7 +3,7 @@
 Two lines are used: :data:`KAFKA_4` (the backend of record) and :data:`KAFKA_3`
 (the last line that serves the request versions Kafka 4 removed, KIP-896, for
 old clients). ``pom.xml`` beside this file names them; Maven copies them and everything
-they depend on into ``$KFAN_KAFKA_CACHE/<version>`` (default
+they depend on into ``$KFAN_KAFKA_CACHE/<version>-<pom digest>`` (default
 ``~/.cache/kfan/apache-kafka``), and a marker file says the copy is whole, so
 a later session (or another test run on the machine, waiting on a lock)
 finds them there and pays nothing. Maven and Java come with the machine
@@ -15,6 +15,7 @@ printed: the suite fails, it never falls back to a stand-in.
 from __future__ import annotations
 
 import fcntl
+import hashlib
 import os
 import shutil
 import subprocess
@@ -52,15 +53,20 @@ def logs_through_reload4j(version: str) -> bool:
     return int(version.split(".")[0]) < 4
 
 
+def _release(version: str) -> str:
+    """``version``'s cache name: its jars are what pom.xml names, so another pom is another set of jars."""
+    return f"{version}-{hashlib.sha256(POM.read_bytes()).hexdigest()[:8]}"
+
+
 def kafka_jars(version: str = KAFKA_4) -> Path:
     """The directory holding every jar of Apache Kafka ``version`` (resolved now if not yet on this machine)."""
     root = cache_root()
-    lib = root / version
+    lib = root / _release(version)
     whole = lib / ".complete"
     if whole.exists():
         return lib
     root.mkdir(parents=True, exist_ok=True)
-    with open(root / f"{version}.lock", "w") as lock:
+    with open(root / f"{_release(version)}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # another run resolving the same version: wait, then use its copy
         if whole.exists():
             return lib
@@ -68,7 +74,7 @@ def kafka_jars(version: str = KAFKA_4) -> Path:
             mvn = apt.ensure_command("mvn", "maven")  # the machines have it; a bare Debian gets it from apt
         except apt.Unavailable as e:
             raise Unavailable(f"Apache Kafka's jars come from Maven Central through Maven: {e}") from e
-        partial = root / f"{version}.partial"
+        partial = root / f"{_release(version)}.partial"
         shutil.rmtree(partial, ignore_errors=True)
         argv = [
             mvn,
@@ -109,7 +115,7 @@ _QUIET_CDS = "-Xlog:cds*=off"
 
 
 def _archive(version: str) -> Path:
-    return cache_root() / f"{version}.jsa"
+    return cache_root() / f"{_release(version)}.jsa"
 
 
 def shared_classes(version: str = KAFKA_4) -> list[str]:

@@ -22,25 +22,37 @@ SOURCE = Path(__file__).with_name("RoundTrip.java")
 RUN_TIMEOUT_S = 240.0
 
 
-def _classes(version: str) -> Path:
-    """The compiled round trip (compiled now if this source was not compiled yet)."""
-    digest = hashlib.sha256(SOURCE.read_bytes()).hexdigest()[:16]
-    out = cache_root() / f"round-trip-{version}-{digest}"
-    if (out / "RoundTrip.class").exists():
+def compiled(version: str, source: Path = SOURCE) -> Path:
+    """The directory of ``source``'s classes, compiled against Kafka ``version`` (now, if this source was not yet)."""
+    digest = hashlib.sha256(source.read_bytes()).hexdigest()[:16]
+    out = cache_root() / f"{source.stem}-{version}-{digest}"
+    if (out / f"{source.stem}.class").exists():
         return out
     cache_root().mkdir(parents=True, exist_ok=True)
-    with open(cache_root() / "round-trip.lock", "w") as lock:
+    with open(cache_root() / "java-sources.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        if not (out / "RoundTrip.class").exists():
+        if not (out / f"{source.stem}.class").exists():
             partial = out.with_name(out.name + ".partial")
             shutil.rmtree(partial, ignore_errors=True)
             partial.mkdir()
             javac = shutil.which("javac") or "javac"
-            done = subprocess.run([javac, "-cp", classpath(version), "-d", str(partial), str(SOURCE)], capture_output=True, text=True)
+            done = subprocess.run([javac, "-cp", classpath(version), "-d", str(partial), str(source)], capture_output=True, text=True)
             if done.returncode != 0:
-                raise RuntimeError(f"javac RoundTrip.java failed (exit {done.returncode}):\n{done.stdout[-3000:]}{done.stderr[-3000:]}")
+                raise RuntimeError(f"javac {source.name} failed (exit {done.returncode}):\n{done.stdout[-3000:]}{done.stderr[-3000:]}")
             partial.rename(out)
     return out
+
+
+def run_main(source: Path, *args: str, timeout_s: float) -> subprocess.CompletedProcess[str]:
+    """Run the main class of ``source`` (a Java file beside this one) with ``args``, on Kafka 4's jars; fails
+    with its output unless it exits 0."""
+    java = shutil.which("java") or "java"
+    cp = f"{classpath(KAFKA_4)}:{compiled(KAFKA_4, source)}"
+    argv = [java, *CLIENT_JVM, *shared_classes(KAFKA_4), "-cp", cp, source.stem, *args]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s)
+    if done.returncode != 0:
+        raise RuntimeError(f"{source.stem} failed (exit {done.returncode}):\n{done.stdout[-2000:]}{done.stderr[-3000:]}")
+    return done
 
 
 def java_round_trip(
@@ -55,7 +67,7 @@ def java_round_trip(
         *CLIENT_JVM,
         *shared_classes(version),  # its class path extends the archive's: allowed
         "-cp",
-        f"{classpath(version)}:{_classes(version)}",
+        f"{classpath(version)}:{compiled(version)}",
         "RoundTrip",
         bootstrap,
         topic,

@@ -25,7 +25,13 @@ MAIN = {
     "kafka-producer-perf-test": "org.apache.kafka.tools.ProducerPerformance",
     "kafka-consumer-perf-test": "org.apache.kafka.tools.ConsumerPerformance",
     "kafka-metadata-quorum": "org.apache.kafka.tools.MetadataQuorumCommand",
-    "kafka-jmx": "org.apache.kafka.tools.JmxTool",  # what ``kafka-run-class kafka.tools.JmxTool`` runs
+    "kafka-jmx": "org.apache.kafka.tools.JmxTool",
+    "kafka-share-groups": "org.apache.kafka.tools.consumer.group.ShareGroupCommand",
+    "kafka-console-share-consumer": "org.apache.kafka.tools.consumer.ConsoleShareConsumer",
+    "kafka-features": "org.apache.kafka.tools.FeatureCommand",
+    "kafka-client-metrics": "org.apache.kafka.tools.ClientMetricsCommand",
+    "kafka-delegation-tokens": "org.apache.kafka.tools.DelegationTokenCommand",
+    "kafka-streams-groups": "org.apache.kafka.tools.streams.StreamsGroupCommand",  # what ``kafka-run-class kafka.tools.JmxTool`` runs
 }
 TIMEOUT_S = 120.0
 
