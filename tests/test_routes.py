@@ -1316,7 +1316,12 @@ CASES += KAFKA4_CASES  # tests/support/golden_kafka4.py
 def test_route(case: Golden) -> None:
     payload = request_payload(case.api, case.version, case.request)
     ctx = Context(
-        IDENTITY, TOPOLOGY, case.advertised or ADVERTISED, coordinator_of=COORDINATORS.get, share_sessions=case.share_sessions or {}
+        IDENTITY,
+        TOPOLOGY,
+        case.advertised or ADVERTISED,
+        coordinator_of=COORDINATORS.get,
+        share_sessions=case.share_sessions or {},
+        client_identity=case.client_identity,
     )
     plan = plan_request(ctx, payload)
 
@@ -1395,3 +1400,15 @@ def test_each_api_is_named_in_exactly_one_route_row() -> None:
     rows = Counter(first_args)
     assert rows == Counter(_constant(api_name(k)) for k in ROUTES)  # each API once, nothing else
     assert {getattr(apis, name) for name in rows} == set(ROUTES)
+
+
+@pytest.mark.parametrize(
+    "api", [apis.CREATE_DELEGATION_TOKEN, apis.RENEW_DELEGATION_TOKEN, apis.EXPIRE_DELEGATION_TOKEN, apis.DESCRIBE_DELEGATION_TOKEN]
+)
+def test_delegation_tokens_are_refused_unless_the_brokers_see_the_client_as_itself(api: int) -> None:
+    """As kfan's principal a client would be given kfan's tokens (or read their HMACs): kfan answers as a broker
+    answers token requests on a connection without a SASL login."""
+    case = next(c for c in CASES if c.api == api)
+    plan = plan_request(Context(IDENTITY, TOPOLOGY, ADVERTISED), request_payload(api, case.version, case.request))
+    assert isinstance(plan, LocalReply)
+    assert decode_reply(api, case.version, b"".join(plan.body))["error_code"] == errors.DELEGATION_TOKEN_REQUEST_NOT_ALLOWED

@@ -366,7 +366,7 @@ def test_options_that_cannot_work_together_are_refused(values: dict[str, Any], c
         security_from(_options(**values))
 
 
-def test_client_identity_offers_only_mechanisms_that_can_be_replayed(secrets: KfanSecrets) -> None:
+def test_client_identity_offers_scram_only_when_asked_as_it_needs_delegation_tokens(secrets: KfanSecrets) -> None:
     base = {
         "client-auth": "sasl",
         "broker-identity": "client",
@@ -378,8 +378,12 @@ def test_client_identity_offers_only_mechanisms_that_can_be_replayed(secrets: Kf
     offered = security_from(_options(**base)).client_auth
     assert offered is not None and offered.authenticator.mechanisms == ("PLAIN",)
     assert offered.carry_identity
-    with pytest.raises(ValueError, match="SCRAM credentials cannot be replayed"):
-        security_from(_options(**base, **{"client-sasl-mechanisms": "PLAIN,SCRAM-SHA-256"}))
+    # Asked for, SCRAM is offered: those logins reach the brokers as delegation tokens (tests/test_token_identity.py).
+    asked = security_from(_options(**base, **{"client-sasl-mechanisms": ("PLAIN", "SCRAM-SHA-256")})).client_auth
+    assert asked is not None and asked.authenticator.mechanisms == ("PLAIN", "SCRAM-SHA-256")
+    no_users = {k: v for k, v in base.items() if k != "client-users"}
+    with pytest.raises(ValueError, match="SCRAM-SHA-256: nothing to check them against"):
+        security_from(_options(**no_users, **{"client-sasl-mechanisms": ("SCRAM-SHA-256",)}))
     without_identity = security_from(_options(**{k: v for k, v in base.items() if k != "broker-identity"})).client_auth
     assert without_identity is not None and without_identity.authenticator.mechanisms == ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
 

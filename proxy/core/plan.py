@@ -497,3 +497,7 @@ class Route(Generic[P]):
     # Client telemetry (KIP-714): answered by kfan's telemetry (:mod:`proxy.runtime.telemetry`) before any planning;
     # served and advertised only when kfan has telemetry subscriptions, as a broker only with a metrics plugin.
     telemetry: bool = False
+    # Forwarded only when the brokers see the client as itself (--broker-identity client); else answered
+    # DELEGATION_TOKEN_REQUEST_NOT_ALLOWED, as a broker answers it on a connection without a SASL login: as kfan's
+    # principal a client would get, or read, tokens of kfan's (delegation tokens).
+    own_identity: bool = False

@@ -90,8 +90,9 @@ from ..kafka.apis import (
 from ..kafka.headers import parse_request_header
 from ..kafka.schema import Struct, decode_body_costed, request_spec
 from . import any_broker, broadcast, coordinator, fetch, identity, leader, local, log_dirs, produce, share
+from .answers import error_body
 from .coordinator import group_id, transactional_id, transactional_id_if_any, v3_transactional_id
-from .plan import Batch, BrokerFailure, Context, FieldPath, Forward, KeyType, Login, PartitionFields, Plan, Route, Unsupported
+from .plan import Batch, BrokerFailure, Context, FieldPath, Forward, KeyType, LocalReply, Login, PartitionFields, Plan, Route, Unsupported
 
 GROUP, TXN = KeyType.GROUP, KeyType.TRANSACTION
 
@@ -177,11 +178,11 @@ _ROWS: tuple[Route[Any], ...] = (
     Route(ALTER_CLIENT_QUOTAS, any_broker.plan, any_broker.merge, read_only=False),
     Route(DESCRIBE_USER_SCRAM_CREDENTIALS, any_broker.plan, any_broker.merge, read_only=True),
     Route(ALTER_USER_SCRAM_CREDENTIALS, any_broker.plan, any_broker.merge, read_only=False),
-    # Tokens belong to the principal the broker sees: the client's own with --broker-identity client.
-    Route(CREATE_DELEGATION_TOKEN, any_broker.plan, any_broker.merge, read_only=False),
-    Route(RENEW_DELEGATION_TOKEN, any_broker.plan, any_broker.merge, read_only=False),
-    Route(EXPIRE_DELEGATION_TOKEN, any_broker.plan, any_broker.merge, read_only=False),
-    Route(DESCRIBE_DELEGATION_TOKEN, any_broker.plan, any_broker.merge, read_only=True),
+    # Tokens belong to the principal the broker sees: served only when that is the client's own.
+    Route(CREATE_DELEGATION_TOKEN, any_broker.plan, any_broker.merge, read_only=False, own_identity=True),
+    Route(RENEW_DELEGATION_TOKEN, any_broker.plan, any_broker.merge, read_only=False, own_identity=True),
+    Route(EXPIRE_DELEGATION_TOKEN, any_broker.plan, any_broker.merge, read_only=False, own_identity=True),
+    Route(DESCRIBE_DELEGATION_TOKEN, any_broker.plan, any_broker.merge, read_only=True, own_identity=True),
     # The metadata quorum's own: a broker forwards them to the controllers, whose ids and endpoints they keep.
     Route(DESCRIBE_QUORUM, any_broker.plan, any_broker.merge, read_only=True),
     Route(UPDATE_FEATURES, any_broker.plan, any_broker.merge, read_only=False),
@@ -272,7 +273,10 @@ def plan_request(ctx: Context, payload: bytes | memoryview) -> Plan:
     # Brokers ignore bytes after a request body (librdkafka sends some with
     # Metadata v13); so do we. Whole-forwarded requests keep them.
     request, decoded_cost = decode_body_costed(spec, payload, hdr.body_offset, allow_trailing=True, max_cost=decode_allowance(len(payload)))
-    plan = route.plan(route, ctx, hdr, payload, request)
+    if route.own_identity and not ctx.client_identity:
+        plan: Plan = LocalReply(hdr, True, error_body(hdr, errors.DELEGATION_TOKEN_REQUEST_NOT_ALLOWED))
+    else:
+        plan = route.plan(route, ctx, hdr, payload, request)
     plan.cost = len(payload) + decoded_cost
     if isinstance(plan, Forward):
         plan.broker_wait_ms = broker_wait_ms(request)

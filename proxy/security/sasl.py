@@ -69,6 +69,8 @@ class Credentials:
     username: str = ""
     password: str = field(default="", repr=False)
     token: str = field(default="", repr=False)
+    # SCRAM with a delegation token's id and HMAC (base64) as user name and password (KIP-48).
+    token_auth: bool = False
 
 
 # --- client side ---------------------------------------------------------------
@@ -89,7 +91,9 @@ class ClientExchange:
                 raise ValueError("PLAIN needs a user name, and neither it nor the password may contain NUL")
         elif self.mechanism in SCRAM_MECHANISMS:
             try:
-                self._scram = KafkaScramClient([self.mechanism], credentials.username, credentials.password)
+                self._scram = KafkaScramClient(
+                    [self.mechanism], credentials.username, credentials.password, token_auth=credentials.token_auth
+                )
             except ScramException as e:
                 raise ValueError(f"{self.mechanism} cannot use these credentials: {e}") from None
         elif self.mechanism == OAUTHBEARER:

@@ -22,7 +22,21 @@ from proxy.security.users import MAX_ITERATIONS, MIN_ITERATIONS
 
 
 class KafkaScramClient(ScramClient):
-    """A :class:`scramp.ScramClient` whose ``set_server_first`` checks the message as Kafka's client does."""
+    """A :class:`scramp.ScramClient` whose ``set_server_first`` checks the message as Kafka's client does, and that
+    can log in with a delegation token (its id and HMAC as user name and password, and the ``tokenauth=true``
+    extension after the nonce, as Kafka's ScramSaslClient sends it)."""
+
+    def __init__(self, mechanisms: list[str], username: str, password: str, *, token_auth: bool = False) -> None:
+        super().__init__(mechanisms, username, password)
+        self.token_auth = token_auth
+
+    def get_client_first(self) -> str:
+        first = super().get_client_first()
+        if not self.token_auth:
+            return first
+        # The extension is part of the bare message the proofs are computed over.
+        self.client_first_bare += ",tokenauth=true"
+        return first + ",tokenauth=true"
 
     def set_server_first(self, message: str) -> None:
         # The same stage check and the same three attributes scramp's own method sets,

@@ -16,7 +16,9 @@ closes the connection.
 With the client's identity carried to the brokers, a login, and each
 re-authentication, is confirmed by logging a broker link in with the same
 credentials (``confirm``) before it is answered: a broker refusing them
-refuses the client.
+refuses the client. A SCRAM login cannot be replayed: the links log in with a
+delegation token of the client's principal instead (``mint``,
+:mod:`proxy.server.token_identity`).
 
 Each step of an exchange (SASLprep, PBKDF2, SCRAM proofs, JWT signatures)
 runs in a worker thread behind the process's limiter (:mod:`proxy.security.offload`);
@@ -75,6 +77,9 @@ class Refused(Exception):
 
 Confirm = Callable[[Credentials], Awaitable[str | None]]
 """Logs a broker link in with a client's credentials: None when the broker took them, else why not."""
+Mint = Callable[[str, str], Awaitable[Credentials | str]]
+"""Credentials the brokers take as (principal, mechanism) for a login kfan cannot replay (a delegation token for
+a SCRAM login), or why there are none."""
 
 
 class ClientSession:
@@ -85,12 +90,13 @@ class ClientSession:
         *,
         confirm: Confirm | None = None,
         on_login: Callable[[], None] | None = None,
+        mint: Mint | None = None,
     ) -> None:
         self.config = config
         self.client = client  # "client 12 (10.0.0.5:51234)", for the log
         self.principal: str | None = None
         self.mechanism: str | None = None
-        self.credentials: Credentials | None = None  # replayable to brokers (PLAIN, OAUTHBEARER)
+        self.credentials: Credentials | None = None  # what the brokers take as this client (its own, or a token's)
         self._candidate: Credentials | None = None  # being confirmed with a broker
         self.expires_at = math.inf
         self._exchange: ServerExchange | None = None
@@ -98,6 +104,7 @@ class ClientSession:
         self._failed = False  # a login failed: the connection is closing, nothing more is answered
         self._confirm = confirm
         self._on_login = on_login
+        self._mint = mint
 
     @property
     def authenticated(self) -> bool:
@@ -205,13 +212,20 @@ class ClientSession:
             error = f"the principal may not change on re-authentication ({self.principal} to {step.principal})"
         # Carried to the brokers, credentials are taken once a broker took them: at login and at each
         # re-authentication, before the answer (else a wrong password would be answered with success).
+        carried = step.credentials
         if error is None and self.config.carry_identity and self._confirm is not None:
-            if step.credentials is None:
+            if carried is None and self._mint is not None and step.principal is not None:
+                # SCRAM: nothing to replay; the brokers take a delegation token of the principal's instead.
+                minted = await self._mint(step.principal, mechanism)
+                carried, error = (None, minted) if isinstance(minted, str) else (minted, None)
+            if error is not None:
+                pass
+            elif carried is None:
                 error = f"{mechanism} credentials cannot be carried to the brokers"
             else:
-                self._candidate = step.credentials
+                self._candidate = carried
                 try:
-                    refused = await self._confirm(step.credentials)
+                    refused = await self._confirm(carried)
                 finally:
                     self._candidate = None
                 if refused is not None:
@@ -226,7 +240,7 @@ class ClientSession:
             await trio.sleep(self.config.failure_delay)
             return error
         again = self.authenticated
-        self.principal, self.mechanism, self.credentials = step.principal, mechanism, step.credentials
+        self.principal, self.mechanism, self.credentials = step.principal, mechanism, carried
         self.expires_at = self._session_end(step)
         metrics.AUTHENTICATIONS.labels(mechanism, "reauthenticated" if again else "ok").inc()
         log.info(

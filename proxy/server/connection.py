@@ -61,6 +61,7 @@ from proxy.server.client_auth import Answer, ClientAuthConfig, ClientSession, Re
 from proxy.server.forwarder import Forwarder, Unanswerable
 from proxy.server.ordering import ResponseOrderer, ResponseSlot
 from proxy.server.prelogin import Admitted, PreLogin, PreLoginLimits, host_of
+from proxy.server.token_identity import TokenIdentity
 
 log = logging.getLogger("kfan.connection")
 _ids = itertools.count(1)
@@ -169,7 +170,14 @@ class _Login:
         assert self.admitted is not None
         conn._budget.pool = conn._receiver.pool = self.admitted.prelogin.pool
         conn._receiver.login_deadline = self.admitted.deadline
-        self.session = ClientSession(auth, f"client {conn.id} ({conn.peer})", confirm=self._confirm, on_login=self._relogin)
+        who = f"client {conn.id} ({conn.peer})"
+        # A SCRAM login carried to the brokers: as a delegation token, renewed and expired by kfan's own identity.
+        kfan = conn.cluster.security.credentials
+        self.tokens = (
+            TokenIdentity(conn.cluster, who, kfan().username or None if kfan is not None else None) if auth.carry_identity else None
+        )
+        mint = self.tokens.credentials if self.tokens is not None else None
+        self.session = ClientSession(auth, who, confirm=self._confirm, on_login=self._relogin, mint=mint)
         self.links: LinkPool | None = None  # the connection's, once it runs
 
     @property
@@ -272,6 +280,8 @@ class ClientConnection:
                 )
                 if self._login is not None:
                     self._login.links = links
+                    if self._login.tokens is not None:
+                        self._login.tokens.nursery = nursery
                 self._forwarder = Forwarder(
                     self.cluster,
                     links,
@@ -304,6 +314,8 @@ class ClientConnection:
             log.error("client %s: closing after an unexpected error", self.id, exc_info=eg)
         finally:
             self._orderer.abandon()  # requests the connection's end abandoned
+            if self._login is not None and self._login.tokens is not None:
+                await self._login.tokens.expire()  # shielded, bounded
             self._budget.release_all()
             self._receiver.release()
             with trio.CancelScope(shield=True):

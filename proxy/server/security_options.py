@@ -23,7 +23,7 @@ from proxy.server.client_auth import ClientAuthConfig
 
 log = logging.getLogger("kfan.security")
 
-# SCRAM proves the password without sending it: there is nothing to replay to a broker.
+# SCRAM proves the password without sending it: there is nothing to replay to a broker (a delegation token goes instead).
 REPLAYABLE = ("PLAIN", "OAUTHBEARER")
 
 
@@ -101,19 +101,15 @@ def _client_auth(o: Mapping[str, Any], carry: bool) -> ClientAuthConfig:
     possible = []
     if users is not None or carry:
         possible.append("PLAIN")
-    if users is not None and not carry:
+    if users is not None:
         possible += ["SCRAM-SHA-256", "SCRAM-SHA-512"]
     if tokens is not None:
         possible.append("OAUTHBEARER")
     asked = o["client_sasl_mechanisms"]
     if asked is None:
-        mechanisms = tuple(possible)
+        # Carried to the brokers, SCRAM is offered only when asked for: it needs delegation tokens there (KIP-48).
+        mechanisms = tuple(m for m in possible if not carry or m in REPLAYABLE)
     else:
-        if carry and (scram := [m for m in asked if m not in REPLAYABLE]):
-            raise ValueError(
-                f"--broker-identity client cannot offer {', '.join(scram)}: SCRAM credentials cannot be replayed to the brokers "
-                "(offer PLAIN or OAUTHBEARER)"
-            )
         if missing := [m for m in asked if m not in possible]:
             raise ValueError(
                 f"--client-sasl-mechanisms {', '.join(missing)}: nothing to check them against (--client-users, --client-oauth-jwks)"
@@ -121,9 +117,9 @@ def _client_auth(o: Mapping[str, Any], carry: bool) -> ClientAuthConfig:
         mechanisms = tuple(asked)
     if not mechanisms:
         raise ValueError("--client-auth sasl needs --client-users (PLAIN, SCRAM) or --client-oauth-jwks (OAUTHBEARER)")
-    if carry:
+    if carry and (scram := [m for m in mechanisms if m not in REPLAYABLE]):
         log.info(
-            "--broker-identity client: clients may log in with %s only; SCRAM cannot be carried to the brokers", " or ".join(mechanisms)
+            "--broker-identity client: %s logins reach the brokers as delegation tokens kfan makes for each client", " and ".join(scram)
         )
     authenticator = Authenticator(mechanisms, users=users, tokens=tokens, check_users=users is not None)
     return ClientAuthConfig(authenticator, o["client_session_lifetime"], o["client_auth_failure_delay"], carry)

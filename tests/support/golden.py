@@ -39,6 +39,7 @@ class Golden:
     unknown_topics: frozenset[Any] = frozenset()
     advertised: Mapping[int, tuple[int, int]] | None = None  # what kfan advertises, when the case needs its own
     share_sessions: Mapping[Any, Any] | None = None  # the connection's share sessions, when the case needs some
+    client_identity: bool = False  # the brokers see the client as itself (--broker-identity client)
 
 
 def filled(spec: StructSpec, value: Struct) -> Struct:

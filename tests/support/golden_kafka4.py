@@ -297,7 +297,7 @@ KAFKA4_CASES: list[Golden] = [
             ]
         },
     ),
-    # --- any broker: the administration Kafka 4 serves to clients ---------------------------------
+    # --- any broker: the administration Kafka 4 serves to clients (delegation tokens: as the client itself) ---------------------------------
     one_whole(
         "AlterUserScramCredentials",
         apis.ALTER_USER_SCRAM_CREDENTIALS,
@@ -327,6 +327,7 @@ KAFKA4_CASES: list[Golden] = [
             "token_id": "token-1",
             "hmac": TOKEN_HMAC,
         },
+        client_identity=True,
     ),
     one_whole(
         "RenewDelegationToken",
@@ -335,6 +336,7 @@ KAFKA4_CASES: list[Golden] = [
         ANY_BROKER,
         request={"hmac": TOKEN_HMAC, "renew_period": 86_400_000},
         answer={"error_code": 0, "expiry_timestamp": 1_700_172_800_000},
+        client_identity=True,
     ),
     one_whole(
         "ExpireDelegationToken",
@@ -343,6 +345,7 @@ KAFKA4_CASES: list[Golden] = [
         ANY_BROKER,
         request={"hmac": TOKEN_HMAC, "expiry_time_period": -1},
         answer={"error_code": 0, "expiry_timestamp": 1_700_000_100_000},
+        client_identity=True,
     ),
     one_whole(
         "DescribeDelegationToken",
@@ -354,6 +357,7 @@ KAFKA4_CASES: list[Golden] = [
             "error_code": 0,
             "tokens": [{"principal_type": "User", "principal_name": "alice", "token_id": "token-1", "hmac": TOKEN_HMAC}],
         },
+        client_identity=True,
     ),
     one_whole(
         "DescribeQuorum",

@@ -5,6 +5,7 @@ are coordinated by brokers 2 and 3, transactions tx1 and tx3 by brokers 3 and 1;
 from __future__ import annotations
 
 import uuid
+from dataclasses import replace
 from typing import Any
 
 from proxy.core import Coordinator, Identity, KeyType
@@ -42,6 +43,9 @@ ELECTION_NOT_NEEDED = 84
 TOPIC, BROKER, BROKER_LOGGER = 2, 4, 8  # config resource types
 
 
-def one_whole(name: str, api: int, version: int, to: Any, request: dict, answer: dict, effects: tuple = ()) -> Golden:
+def one_whole(
+    name: str, api: int, version: int, to: Any, request: dict, answer: dict, effects: tuple = (), *, client_identity: bool = False
+) -> Golden:
     """The common shape: the client's bytes to one destination, its answer back unchanged."""
-    return Golden(name, api, version, request, subs={to: WHOLE}, answers={to: answer}, merged=SAME, effects=effects)
+    golden = Golden(name, api, version, request, subs={to: WHOLE}, answers={to: answer}, merged=SAME, effects=effects)
+    return replace(golden, client_identity=client_identity)

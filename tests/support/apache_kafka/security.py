@@ -128,8 +128,13 @@ def prepare(workdir: Path, users: dict[str, str] = USERS) -> tuple[Secured, dict
     return Secured(server.ca, dict(users), jwks, key, kid), props
 
 
+TOKEN_SECRET = "kfan-test-delegation-token-secret"
+
+
 def authorizer_props() -> dict[str, str]:
-    return {"authorizer.class.name": AUTHORIZER, "super.users": SUPER_USERS}
+    """What every node of a secured cluster needs: the authorizer and its super users, and the secret delegation
+    tokens are made and checked with (KIP-48: controllers make them, brokers check them)."""
+    return {"authorizer.class.name": AUTHORIZER, "super.users": SUPER_USERS, "delegation.token.secret.key": TOKEN_SECRET}
 
 
 def scram_format_args(users: dict[str, str]) -> list[str]:

@@ -1,0 +1,94 @@
+"""A SCRAM client's identity carried to the brokers as a delegation token (trio), with ``--broker-identity client``.
+
+kfan checks a SCRAM login itself (its users file) but cannot replay it: SCRAM sends a proof, not a password. So
+once the client has proved who it is, kfan asks the brokers for a delegation token owned by that principal
+(:mod:`backends.tokens`), and the client's links log in with it: SCRAM with the token's id and HMAC and
+``tokenauth=true``, which the brokers' authorizer sees as the owner. The token is renewed while the client
+stays (at three quarters of its time left) and expired when it leaves; one token per connection, made at its
+first login and kept through its re-authentications.
+
+Boundaries: when the session asks for credentials (:class:`proxy.server.client_auth.ClientSession`), it
+answers; the requests themselves are :mod:`backends.tokens`'.
+"""
+
+from __future__ import annotations
+
+import base64
+import logging
+import math
+import time
+
+import trio
+
+from backends.cluster import Cluster
+from backends.tokens import Token, TokenRefused, create_token, expire_token, known_everywhere, renew_token
+from proxy.runtime.logtext import printable
+from proxy.security.sasl import Credentials
+
+log = logging.getLogger("kfan.auth")
+
+# How long expiring a token may keep a closing connection (it goes anyway when its time is up, unrenewed).
+EXPIRE_WITHIN_S = 5.0
+RENEW_RETRY_S = 10.0
+TOKEN_KNOWN_WITHIN_S = 10.0  # how long a new token may take to reach every broker before the client is logged in anyway
+
+
+class TokenIdentity:
+    """The delegation token one client connection's links log in with."""
+
+    def __init__(self, cluster: Cluster, client: str, renewer: str | None) -> None:
+        self.cluster = cluster
+        self.client = client  # for the log
+        self.renewer = renewer  # kfan's own user name at the brokers, when it has one: it renews and expires the token
+        self.token: Token | None = None
+        self.nursery: trio.Nursery | None = None  # the connection's, once it runs: the renewals run there
+
+    def _brokers(self) -> list[int]:
+        reachable = [b for b, up in self.cluster.reachable.items() if up]
+        return reachable or list(self.cluster.topology.brokers)
+
+    async def credentials(self, principal: str, mechanism: str) -> Credentials | str:
+        """The links' credentials for ``principal`` (a token made now, or the one made at the first login); or why none."""
+        if self.token is None:
+            try:
+                self.token = await create_token(self.cluster.control, self._brokers(), principal, self.renewer)
+            except TokenRefused as e:
+                return f"no delegation token for User:{printable(principal)}: {e}"
+            log.info("%s: delegation token %s made for User:%s", self.client, self.token.token_id, printable(principal))
+            if not await known_everywhere(self.cluster.control, self._brokers(), principal, self.token, TOKEN_KNOWN_WITHIN_S):
+                log.warning(
+                    "%s: delegation token %s not known to every broker within %.0f s",
+                    self.client,
+                    self.token.token_id,
+                    TOKEN_KNOWN_WITHIN_S,
+                )
+            if self.nursery is not None:
+                self.nursery.start_soon(self._renew)
+        password = base64.b64encode(self.token.hmac).decode()
+        return Credentials(mechanism, self.token.token_id, password, token_auth=True)
+
+    async def _renew(self) -> None:
+        while self.token is not None:
+            left = self.token.expiry_ms / 1000 - time.time()
+            await trio.sleep(max(1.0, left * 0.75) if math.isfinite(left) else RENEW_RETRY_S)
+            if self.token is None:
+                return
+            try:
+                expiry = await renew_token(self.cluster.control, self._brokers(), self.token.hmac)
+            except TokenRefused as e:
+                log.warning("%s: delegation token %s not renewed: %s", self.client, self.token.token_id, e)
+                await trio.sleep(RENEW_RETRY_S)
+                continue
+            self.token = Token(self.token.token_id, self.token.hmac, expiry)
+
+    async def expire(self) -> None:
+        """The client left: its token goes too (shielded, within :data:`EXPIRE_WITHIN_S`)."""
+        token, self.token = self.token, None
+        if token is None:
+            return
+        with trio.CancelScope(shield=True), trio.move_on_after(EXPIRE_WITHIN_S):
+            try:
+                await expire_token(self.cluster.control, self._brokers(), token.hmac)
+                log.info("%s: delegation token %s expired", self.client, token.token_id)
+            except TokenRefused as e:
+                log.warning("%s: delegation token %s not expired: %s", self.client, token.token_id, e)
