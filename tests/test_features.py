@@ -54,3 +54,15 @@ def test_api_versions_v3_and_later_carry_the_features_as_a_broker_sends_them() -
     assert v3["finalized_features"] == v4["finalized_features"]
     v2 = _answer(2, BROKER_1)
     assert "supported_features" not in v2 and [a["api_key"] for a in v2["api_keys"]] == [apis.API_VERSIONS]
+
+
+def test_without_features_the_answer_is_the_one_a_broker_without_them_sends() -> None:
+    """A broker writes a tagged field only when it is not its default: librdkafka 2.0 (kcat) cannot read
+    ApiVersions v3 with the three feature fields present but empty."""
+    ctx = Context(IDENTITY, Topology(), {apis.API_VERSIONS: (0, 4)})
+    body = {"client_software_name": "t", "client_software_version": "1"}
+    plan = plan_request(ctx, request_payload(apis.API_VERSIONS, 3, body))
+    assert isinstance(plan, LocalReply)
+    answer = b"".join(plan.body)
+    assert oracle.read_back(apis.API_VERSIONS, 3, "response", answer) == answer
+    assert answer.endswith(b"\x00\x00\x00\x00\x00")  # throttle_time 0, then no tagged field at all

@@ -50,14 +50,17 @@ def api_versions_body(
         "api_keys": [{"api_key": k, "min_version": lo, "max_version": hi} for k, (lo, hi) in sorted(api_versions.items())],
         "throttle_time": 0,
     }
-    if spec.has("supported_features"):  # v3+: tagged fields, as a broker sends them
+    if spec.has("supported_features"):  # v3+: tagged fields, written as a broker writes them: only when not default
         # Before v4 a broker leaves out the features whose lowest version is 0 (older clients refuse them, KIP-1022).
         supported = sorted((n, r) for n, r in features.supported.items() if version >= 4 or r[0] > 0)
-        body["supported_features"] = [{"name": n, "min_version": lo, "max_version": hi} for n, (lo, hi) in supported]
-        body["finalized_features_epoch"] = features.finalized_epoch
-        body["finalized_features"] = [
-            {"name": n, "min_version_level": lo, "max_version_level": hi} for n, (lo, hi) in sorted(features.finalized.items())
-        ]
+        if supported:
+            body["supported_features"] = [{"name": n, "min_version": lo, "max_version": hi} for n, (lo, hi) in supported]
+        if features.finalized_epoch >= 0:
+            body["finalized_features_epoch"] = features.finalized_epoch
+        if features.finalized:
+            body["finalized_features"] = [
+                {"name": n, "min_version_level": lo, "max_version_level": hi} for n, (lo, hi) in sorted(features.finalized.items())
+            ]
     return encode_body(spec, body)
 
 
