@@ -500,12 +500,13 @@ def test_kafka_python_admin_through_kfan_matches_tansu(kfan_tansu: Kfan, tansu: 
 
 
 def _served_through_kfan(brokers: list[dict[int, tuple[int, int]]]) -> dict[int, tuple[int, int]]:
-    """Per routed API: every version kfan has a schema for that every broker serves (ApiVersions and the logins,
-    which kfan answers only when it authenticates its clients, aside)."""
+    """Per routed API: every version kfan has a schema for that every broker serves (ApiVersions, the logins and
+    client telemetry, which kfan answers itself, and only when it authenticates clients or has subscriptions, aside)."""
     out = {}
     for api_key in ROUTES:
         known = schema.known_versions(api_key)
-        if api_key == apis.API_VERSIONS or ROUTES[api_key].login or known is None or any(api_key not in b for b in brokers):
+        route = ROUTES[api_key]
+        if api_key == apis.API_VERSIONS or route.login or route.telemetry or known is None or any(api_key not in b for b in brokers):
             continue
         lo = max([known.start, *(b[api_key][0] for b in brokers)])
         hi = min([known.stop - 1, *(b[api_key][1] for b in brokers)])

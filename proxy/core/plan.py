@@ -189,8 +189,7 @@ class ForgetReadReplicas:
     keys: frozenset[ReadReplicaKey]
 
 
-# A share session's key (KIP-932): its group id and member id, as the client names them.
-ShareKey = tuple[str | None, str | None]
+ShareKey = tuple[str | None, str | None]  # a share session's (KIP-932): its group id and member id
 SharePartition = tuple[Any, int]  # (topic id, partition index)
 
 
@@ -264,8 +263,7 @@ def _no_read_replica(key: ReadReplicaKey) -> int | None:
 @dataclass(frozen=True, slots=True)
 class Features:
     """The cluster's features (KIP-584) as ApiVersions v3+ reports them: what the brokers support, and the levels
-    the controller finalized (``finalized_epoch`` -1: none known). Clients act on them: Kafka's producer uses
-    transactions v2 (KIP-890) once ``transaction.version`` is finalized at 2, and ``kafka-features`` shows them."""
+    the controller finalized (``finalized_epoch`` -1: none known)."""
 
     supported: Mapping[str, tuple[int, int]] = field(default_factory=dict)
     finalized_epoch: int = -1
@@ -497,7 +495,6 @@ class Route(Generic[P]):
     # Client telemetry (KIP-714): answered by kfan's telemetry (:mod:`proxy.runtime.telemetry`) before any planning;
     # served and advertised only when kfan has telemetry subscriptions, as a broker only with a metrics plugin.
     telemetry: bool = False
-    # Forwarded only when the brokers see the client as itself (--broker-identity client); else answered
-    # DELEGATION_TOKEN_REQUEST_NOT_ALLOWED, as a broker answers it on a connection without a SASL login: as kfan's
-    # principal a client would get, or read, tokens of kfan's (delegation tokens).
+    # Forwarded only when the brokers see the client as itself, else DELEGATION_TOKEN_REQUEST_NOT_ALLOWED: as kfan's
+    # principal a client would get, or read, kfan's tokens (the delegation-token APIs).
     own_identity: bool = False
