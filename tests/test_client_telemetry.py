@@ -63,7 +63,7 @@ def _pushed_by(kfan: Kfan, client_id: str, prefix: str) -> set[str]:
 def test_the_java_client_pushes_its_metrics_through_kfan(apache_kafka: KafkaCluster, telemetry_kfan: Kfan) -> None:
     topic, group = f"telemetry-{uuid.uuid4().hex[:8]}", f"g-{uuid.uuid4().hex[:8]}"
     apache_kafka.create_topic(topic, 3)
-    done = run_main(JAVA_CLIENTS, telemetry_kfan.bootstrap, topic, group, "6", timeout_s=120)
+    done = run_main(JAVA_CLIENTS, telemetry_kfan.bootstrap, topic, group, "6", timeout_s=200)
     assert "consumed 0" not in done.stdout, done.stdout
     seen = {(name.split("_")[5], labels["client_id"]) for name, samples in _client_series(telemetry_kfan).items() for labels, _ in samples}
     assert ("producer", "java-telemetry-producer") in seen, seen
