@@ -27,7 +27,7 @@ import pytest
 from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 
 from tests.support.apache_kafka.cluster import KafkaCluster
-from tests.support.apache_kafka.security import AUDIENCE, SCRAM, unsecured_token
+from tests.support.apache_kafka.security import AUDIENCE, SCRAM, Secured, kfan_to_brokers
 from tests.support.apache_kafka.tools import run_tool
 from tests.support.client_security import ClientSecurity
 from tests.support.kfan import Kfan, kfan_at
@@ -42,21 +42,9 @@ def _name(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex[:8]}"
 
 
-def _secret(directory: Path, name: str, value: str) -> Path:
-    path = directory / name
-    path.write_text(value + "\n")
-    path.chmod(0o600)
-    return path
-
-
-def _to_brokers(kafka: KafkaCluster, directory: Path, mechanism: str = SCRAM, user: str = "kfan") -> list[str]:
-    """kfan's options to reach the brokers' SASL_SSL listeners as ``user`` (OAUTHBEARER: an unsecured token)."""
+def _secured(kafka: KafkaCluster) -> Secured:
     assert kafka.secured is not None
-    args = ["--broker-tls", "true", "--broker-tls-ca", str(kafka.secured.ca_file), "--broker-sasl-mechanism", mechanism]
-    if mechanism == "OAUTHBEARER":
-        return args + ["--broker-sasl-token-file", str(_secret(directory, f"token-{user}", unsecured_token(user)))]
-    password = _secret(directory, f"password-{user}", kafka.secured.users[user])
-    return args + ["--broker-sasl-username", user, "--broker-sasl-password-file", str(password)]
+    return kafka.secured
 
 
 def _acls(kafka: KafkaCluster, bootstrap: str, *args: str) -> str:
@@ -79,7 +67,7 @@ def test_kfan_logs_in_to_the_brokers_over_tls(apache_kafka: KafkaCluster, tmp_pa
         for resource in (("--topic", topic), ("--group", group)):
             _acls(apache_kafka, apache_kafka.bootstrap, "--add", "--allow-principal", f"User:{user}", "--operation", "All", *resource)
     records = keyed_records(600)
-    with kfan_at(apache_kafka.secure_bootstrap, *_to_brokers(apache_kafka, tmp_path, mechanism, user)) as k:
+    with kfan_at(apache_kafka.secure_bootstrap, *kfan_to_brokers(_secured(apache_kafka), tmp_path, mechanism, user)) as k:
         trip = confluent_kafka_round_trip(k.bootstrap, topic, group, records)
     check_round_trip(trip.consumed, records, PARTITIONS)
     wait_for(
@@ -116,7 +104,7 @@ def test_kafka_acls_through_kfan_list_what_the_brokers_hold(apache_kafka: KafkaC
 def kfan_as_each_client(apache_kafka: KafkaCluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Kfan]:
     """kfan that logs each client in to the brokers with the client's own PLAIN credentials (kfan's own
     metadata requests as ``kfan``, with SCRAM-SHA-512)."""
-    to_brokers = _to_brokers(apache_kafka, tmp_path_factory.mktemp("kfan-broker-secrets"))
+    to_brokers = kfan_to_brokers(_secured(apache_kafka), tmp_path_factory.mktemp("kfan-broker-secrets"))
     with kfan_at(apache_kafka.secure_bootstrap, *to_brokers, "--client-auth", "sasl", "--broker-identity", "client") as k:
         yield k
 
@@ -179,7 +167,7 @@ def test_oauthbearer_clients_carried_to_the_brokers(apache_kafka: KafkaCluster, 
     assert secured is not None
     user = f"carol-{uuid.uuid4().hex[:6]}"  # a principal of this test's own: its decisions are its own lines
     _acls(apache_kafka, apache_kafka.bootstrap, "--add", "--allow-principal", f"User:{user}", "--producer", "--topic", orders)
-    to_brokers = _to_brokers(apache_kafka, tmp_path)
+    to_brokers = kfan_to_brokers(_secured(apache_kafka), tmp_path)
     client_auth = (
         "--client-auth",
         "sasl",

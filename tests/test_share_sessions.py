@@ -16,9 +16,7 @@ from proxy.core import (
     Context,
     Failed,
     Forward,
-    KeepShareSession,
     LocalReply,
-    ReopenShareSessions,
     Response,
     ShareKey,
     ShareSession,
@@ -26,9 +24,9 @@ from proxy.core import (
 )
 from proxy.core import share as core_share
 from proxy.core.topology import Broker, Topology
-from proxy.kafka import apis, errors, schema
-from tests.support.core_inputs import IDENTITY
-from tests.support.golden import decode_reply, decode_sub, filled, request_payload
+from proxy.kafka import apis, errors
+from tests.support.core_inputs import IDENTITY, keep_share_sessions
+from tests.support.golden import answer_payload, decode_reply, decode_sub, request_payload
 
 ORDERS = uuid.UUID("00000000-0000-0000-0000-0000000000a1")
 BROKERS = {b: Broker(b, f"broker{b}", 9090 + b) for b in (1, 2, 3)}
@@ -54,14 +52,7 @@ class Client:
         return plan
 
     def apply(self, effects: Any) -> None:
-        for e in effects:
-            if isinstance(e, KeepShareSession):
-                if e.session is None:
-                    self.sessions.pop(e.key, None)
-                else:
-                    self.sessions[e.key] = e.session
-            elif isinstance(e, ReopenShareSessions) and e.key in self.sessions:
-                self.sessions[e.key] = core_share.reopened(self.sessions[e.key], e.brokers)
+        keep_share_sessions(self.sessions, effects)
 
     def merge(self, plan: Forward[Any], answers: Mapping[Any, Any]) -> dict[str, Any]:
         reply = plan.merge(plan, answers)
@@ -104,10 +95,9 @@ def partitions_of(body: dict[str, Any]) -> dict[int, list]:
 
 
 def answer(api: int, partitions: Mapping[int, dict] | None = None, error_code: int = 0) -> Response:
-    spec = schema.response_spec(api, 1)
     entries = [{"partition_index": p, "error_code": 0, **fields} for p, fields in (partitions or {}).items()]
     body = {"error_code": error_code, "responses": [{"topic_id": ORDERS, "partitions": entries}] if entries else []}
-    return Response(b"\0\0\0\0\0" + b"".join(schema.encode_body(spec, filled(spec, body))))
+    return Response(answer_payload(api, 1, body))
 
 
 def open_session(client: Client) -> None:

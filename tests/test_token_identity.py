@@ -18,7 +18,7 @@ from confluent_kafka import KafkaError, Producer
 
 from proxy.security.users import add_user
 from tests.support.apache_kafka.cluster import KafkaCluster
-from tests.support.apache_kafka.security import SCRAM
+from tests.support.apache_kafka.security import SCRAM, kfan_to_brokers
 from tests.support.apache_kafka.tools import run_tool
 from tests.support.client_security import ClientSecurity
 from tests.support.kfan import Kfan, kfan_at
@@ -26,13 +26,6 @@ from tests.support.round_trip import check_round_trip, confluent_kafka_round_tri
 from tests.support.waiting import wait_for
 
 PARTITIONS = 3
-
-
-def _secret(directory: Path, name: str, value: str) -> Path:
-    path = directory / name
-    path.write_text(value + "\n")
-    path.chmod(0o600)
-    return path
 
 
 @pytest.fixture(scope="module")
@@ -44,9 +37,7 @@ def kfan_with_tokens(apache_kafka: KafkaCluster, tmp_path_factory: pytest.TempPa
     users = secrets / "users.toml"
     for name in ("alice", "bob"):
         add_user(users, name, apache_kafka.secured.users[name], (SCRAM,))
-    password = _secret(secrets, "password-kfan", apache_kafka.secured.users["kfan"])
-    to_brokers = ["--broker-tls", "true", "--broker-tls-ca", str(apache_kafka.secured.ca_file), "--broker-sasl-mechanism", SCRAM]
-    to_brokers += ["--broker-sasl-username", "kfan", "--broker-sasl-password-file", str(password)]
+    to_brokers = kfan_to_brokers(apache_kafka.secured, secrets)
     offered = f"PLAIN,{SCRAM}"
     options = ["--client-auth", "sasl", "--broker-identity", "client", "--client-users", str(users), "--client-sasl-mechanisms", offered]
     with kfan_at(apache_kafka.secure_bootstrap, *to_brokers, *options) as k:

@@ -24,22 +24,20 @@ from typing import Any
 from ..kafka import apis, errors
 from ..kafka.headers import RequestHeader
 from ..kafka.schema import Struct, encode_body, response_spec
-from ..kafka.wire import Malformed
-from . import identity, undecodable
-from .answers import decode_answer, error_body, reencoded
+from . import identity
+from .answers import decode_answers, error_body, reencoded
 from .layout import Layout
+from .leader import topic_name
 from .plan import (
     Answers,
     Context,
     Effect,
-    Failed,
     Forward,
     KeepShareSession,
     LocalReply,
     Plan,
     ReopenShareSessions,
     Reply,
-    Response,
     Route,
     ShareKey,
     SharePartition,
@@ -242,7 +240,7 @@ def reopened(session: ShareSession, brokers: frozenset[int]) -> ShareSession:
 
 
 def _leader(ctx: Context, tp: SharePartition) -> int | None:
-    name = ctx.topology.topic_name(tp[0]) if tp[0] is not None else None
+    name = topic_name(ctx.topology, tp[0])
     if name is None:
         return None
     leader = ctx.topology.leader(name, tp[1])
@@ -250,30 +248,30 @@ def _leader(ctx: Context, tp: SharePartition) -> int | None:
 
 
 def _unroutable_code(ctx: Context, tp: SharePartition) -> int:
-    name = ctx.topology.topic_name(tp[0]) if tp[0] is not None else None
+    name = topic_name(ctx.topology, tp[0])
     if name is None:
         return errors.UNKNOWN_TOPIC_ID
     return errors.LEADER_NOT_AVAILABLE if tp[1] in ctx.topology.leaders.get(name, {}) else errors.UNKNOWN_TOPIC_OR_PARTITION
 
 
-def _topic_entries(tps: list[SharePartition], acks: Acks) -> list[Struct]:
-    """Request topic entries naming ``tps`` (in that order), with their acknowledgements."""
-    out: list[Struct] = []
-    index: dict[Any, Struct] = {}
-    for topic_id, partition in tps:
-        t = index.get(topic_id)
-        if t is None:
-            t = index[topic_id] = {"topic_id": topic_id, "partitions": []}
-            out.append(t)
-        t["partitions"].append({"partition_index": partition, "acknowledgement_batches": acks.get((topic_id, partition), [])})
-    return out
-
-
-def _forgotten(tps: list[SharePartition]) -> list[Struct]:
+def _by_topic(tps: list[SharePartition]) -> dict[Any, list[int]]:
+    """``tps``' partition indexes per topic id, both in the order given."""
     out: dict[Any, list[int]] = {}
     for topic_id, partition in tps:
         out.setdefault(topic_id, []).append(partition)
-    return [{"topic_id": t, "partitions": ps} for t, ps in out.items()]
+    return out
+
+
+def _topic_entries(tps: list[SharePartition], acks: Acks) -> list[Struct]:
+    """Request topic entries naming ``tps`` (in that order), with their acknowledgements."""
+    return [
+        {"topic_id": t, "partitions": [{"partition_index": p, "acknowledgement_batches": acks.get((t, p), [])} for p in ps]}
+        for t, ps in _by_topic(tps).items()
+    ]
+
+
+def _forgotten(tps: list[SharePartition]) -> list[Struct]:
+    return [{"topic_id": t, "partitions": ps} for t, ps in _by_topic(tps).items()]
 
 
 # --- merging ---------------------------------------------------------------------------------------------
@@ -300,12 +298,12 @@ def merge(plan: Forward[SharePlan], answers: Answers) -> Reply:
             entry["error_code"] = ack_code  # ShareAcknowledge's one error code per partition
         topics.setdefault(tp[0], []).append(entry)
 
+    decoded = decode_answers(hdr, answers, errors.NETWORK_EXCEPTION)
     for b, sent in state.sent.items():
-        answer = answers.get(b)
-        body = _decoded(hdr, answer)
+        body = decoded.bodies.get(b)
         if body is None:  # failed, or unreadable: its session went with its link, or cannot be trusted
             reopen.add(b)
-            code = answer.code if isinstance(answer, Failed) else errors.NETWORK_EXCEPTION
+            code = decoded.failed.get(b, errors.NETWORK_EXCEPTION)
             _answer_unanswered(sent, blank, code, code)
             continue
         throttle = max(throttle, body.get("throttle_time", 0))
@@ -341,16 +339,6 @@ def merge(plan: Forward[SharePlan], answers: Answers) -> Reply:
     if reopen:
         effects.append(ReopenShareSessions(state.key, frozenset(reopen)))
     return Reply(encode_body(spec, out), effects)
-
-
-def _decoded(hdr: RequestHeader, answer: Any) -> Struct | None:
-    if not isinstance(answer, Response):
-        return None
-    try:
-        return decode_answer(hdr, answer.payload)
-    except Malformed as e:
-        undecodable.note(answer.payload, e)
-        return None
 
 
 def _answer_unanswered(sent: Sent, blank: Any, code: int, ack_code: int) -> None:

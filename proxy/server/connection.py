@@ -172,10 +172,7 @@ class _Login:
         conn._receiver.login_deadline = self.admitted.deadline
         who = f"client {conn.id} ({conn.peer})"
         # A SCRAM login carried to the brokers: as a delegation token, renewed and expired by kfan's own identity.
-        kfan = conn.cluster.security.credentials
-        self.tokens = (
-            TokenIdentity(conn.cluster, who, kfan().username or None if kfan is not None else None) if auth.carry_identity else None
-        )
+        self.tokens = TokenIdentity(conn.cluster, who) if auth.carry_identity else None
         mint = self.tokens.credentials if self.tokens is not None else None
         self.session = ClientSession(auth, who, confirm=self._confirm, on_login=self._relogin, mint=mint)
         self.links: LinkPool | None = None  # the connection's, once it runs

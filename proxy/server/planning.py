@@ -35,6 +35,10 @@ from proxy.server.fetches import Fetches
 log = logging.getLogger("kfan.connection")
 
 
+# What client telemetry reads of a connection's requests: ApiVersions (the client's software) and its own two.
+_TELEMETRY_SEEN = frozenset({apis.API_VERSIONS, apis.GET_TELEMETRY_SUBSCRIPTIONS, apis.PUSH_TELEMETRY})
+
+
 class Unanswerable(Exception):
     """This request ends its connection (``reason``: why, for the metrics; it was logged where raised)."""
 
@@ -105,6 +109,8 @@ class Planner:
         """Client telemetry (KIP-714), answered by kfan's; None for any other request (an ApiVersions is read for
         the client's software name and version first, which subscriptions match on)."""
         assert self.telemetry is not None
+        if int.from_bytes(payload[:2], "big") not in _TELEMETRY_SEEN:
+            return None  # the header is parsed once, by the planning that follows
         hdr = parse_request_header(payload)
         route = ROUTES.get(hdr.api_key)
         if hdr.api_key == apis.API_VERSIONS and hdr.known and hdr.api_version >= 3:

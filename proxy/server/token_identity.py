@@ -36,10 +36,12 @@ TOKEN_KNOWN_WITHIN_S = 10.0  # how long a new token may take to reach every brok
 class TokenIdentity:
     """The delegation token one client connection's links log in with."""
 
-    def __init__(self, cluster: Cluster, client: str, renewer: str | None) -> None:
+    def __init__(self, cluster: Cluster, client: str) -> None:
         self.cluster = cluster
         self.client = client  # for the log
-        self.renewer = renewer  # kfan's own user name at the brokers, when it has one: it renews and expires the token
+        kfan = cluster.security.credentials
+        # kfan's own user name at the brokers, when it has one (an OAUTHBEARER token has none): it renews and expires.
+        self.renewer = (kfan().username or None) if kfan is not None else None
         self.token: Token | None = None
         self.nursery: trio.Nursery | None = None  # the connection's, once it runs: the renewals run there
 

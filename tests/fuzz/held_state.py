@@ -34,9 +34,7 @@ from proxy.core import (
     Failed,
     Forward,
     Identity,
-    KeepShareSession,
     KeyType,
-    ReopenShareSessions,
     Response,
     ShareKey,
     ShareSession,
@@ -49,6 +47,7 @@ from proxy.core.topology import Broker, Topology
 from proxy.kafka import apis, schema
 from proxy.kafka.schema import Struct
 from tests.support import golden
+from tests.support.core_inputs import keep_share_sessions
 
 from .harness import HANG_SECONDS, Broken, Tally, check
 
@@ -208,7 +207,7 @@ def _share_answer(rng: random.Random, api: int, sub: Struct) -> Any:
         "responses": entries,
         "node_endpoints": [],
     }
-    return Response(b"\0\0\0\0\0" + b"".join(schema.encode_body(spec, body)))
+    return Response(golden.answer_payload(api, 1, body))
 
 
 def _share_case(rng: random.Random) -> None:
@@ -241,11 +240,7 @@ def _share_case(rng: random.Random) -> None:
             schema.decode_body(schema.response_spec(api, 1), b"".join(reply.body))
         else:
             schema.decode_body(schema.response_spec(api, 1), b"".join(plan.body))
-        for e in effects:
-            if isinstance(e, KeepShareSession):
-                sessions.pop(e.key, None) if e.session is None else sessions.__setitem__(e.key, e.session)
-            elif isinstance(e, ReopenShareSessions) and e.key in sessions:
-                sessions[e.key] = share.reopened(sessions[e.key], e.brokers)
+        keep_share_sessions(sessions, effects)
         for session in sessions.values():
             if sum(1 for b in session.partitions.values() if b is None) > share.MAX_UNROUTED_PER_SESSION:
                 raise Broken("a session holds more unrouted partitions than its bound")

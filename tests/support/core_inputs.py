@@ -14,10 +14,14 @@ from proxy.core import (
     Effect,
     Forward,
     Identity,
+    KeepShareSession,
     LocalReply,
     Plan,
+    ReopenShareSessions,
     Reply,
     Route,
+    ShareKey,
+    ShareSession,
     any_broker,
     broadcast,
     coordinator,
@@ -52,6 +56,18 @@ E = TypeVar("E", bound=Effect)
 def effects_of(reply: Reply, kind: type[E]) -> list[E]:
     """The reply's effects of one kind, in order."""
     return [e for e in reply.effects if isinstance(e, kind)]
+
+
+def keep_share_sessions(sessions: dict[ShareKey, ShareSession], effects: Iterable[Effect]) -> None:
+    """Apply ``effects``' share-session changes to ``sessions`` as a connection keeps them (:class:`proxy.server.fetches.Fetches`)."""
+    for e in effects:
+        if isinstance(e, KeepShareSession):
+            if e.session is None:
+                sessions.pop(e.key, None)
+            else:
+                sessions[e.key] = e.session
+        elif isinstance(e, ReopenShareSessions) and e.key in sessions:
+            sessions[e.key] = share.reopened(sessions[e.key], e.brokers)
 
 
 def satisfied(hdr: RequestHeader, answers: Mapping[Destination, BrokerAnswer], min_bytes: int) -> bool:

@@ -145,6 +145,23 @@ def scram_format_args(users: dict[str, str]) -> list[str]:
     return args
 
 
+def secret_file(directory: Path, name: str, value: str) -> Path:
+    """``value`` in a file only its owner reads, as kfan's secrets are given to it."""
+    path = directory / name
+    path.write_text(value + "\n")
+    path.chmod(0o600)
+    return path
+
+
+def kfan_to_brokers(secured: Secured, directory: Path, mechanism: str = SCRAM, user: str = "kfan") -> list[str]:
+    """kfan's options to reach the brokers' SASL_SSL listeners as ``user`` (OAUTHBEARER: an unsecured token)."""
+    args = ["--broker-tls", "true", "--broker-tls-ca", str(secured.ca_file), "--broker-sasl-mechanism", mechanism]
+    if mechanism == "OAUTHBEARER":
+        return args + ["--broker-sasl-token-file", str(secret_file(directory, f"token-{user}", unsecured_token(user)))]
+    password = secret_file(directory, f"password-{user}", secured.users[user])
+    return args + ["--broker-sasl-username", user, "--broker-sasl-password-file", str(password)]
+
+
 def unsecured_token(sub: str, lifetime_s: float = 3600.0) -> str:
     """A token Kafka's unsecured validator accepts: ``alg: none``, no signature, ``sub`` the principal."""
 
