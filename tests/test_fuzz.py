@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from proxy.core import BrokerUnavailable, Failed, FetchForward, Forward, Response, Unsupported
+from proxy.core import BrokerUnavailable, ClosesConnection, Failed, FetchForward, Forward, Response, Unsupported
 from proxy.core.fetch import answer_watermarks
 from proxy.core.topology import Topology
 from proxy.kafka import apis, errors, schema
@@ -54,7 +54,10 @@ def test_valid_requests_cover_every_advertised_version_and_the_oracle_decodes_th
 def test_valid_requests_plan_and_valid_answers_merge_into_responses_the_oracle_decodes() -> None:
     merged = 0
     for payload in mutate.valid_requests():
-        plan = client_frames.plan_frame(payload)
+        try:
+            plan = client_frames.plan_frame(payload)
+        except ClosesConnection:  # an acks=0 Produce the ACLs refuse
+            continue
         if not isinstance(plan, Forward):
             continue
         answers = mutate.valid_answers(plan)
@@ -171,7 +174,7 @@ HUGE_NOISE_S = 0.2  # CPU time a measurement may be off by (allocation, caches),
 HUGE_HANG_S = 120.0  # the watchdog (wall clock): only a call that never ends
 
 
-def _plan_and_merge_cpu(api_key: int, entries: int, tally: Tally) -> dict[str, float]:
+def _plan_and_merge_cpu(api_key: int, entries: int, tally: Tally, judged: bool = False) -> dict[str, float]:
     """CPU seconds (this thread's, collector paused) to plan a valid request of ``entries`` entries
     and to merge valid answers to it; what breaks a contract goes to ``tally``."""
     version = mutate.API_VERSIONS[api_key][1]
@@ -196,7 +199,7 @@ def _plan_and_merge_cpu(api_key: int, entries: int, tally: Tally) -> dict[str, f
 
     never_slow = {"hang_seconds": HUGE_HANG_S, "slow_seconds": math.inf}
     ok, plan = check(
-        tally, "plan_large", 0, reproducer, client_frames.ALLOWED, timed("plan", lambda: client_frames.plan_frame(request)), **never_slow
+        tally, "plan_large", 0, reproducer, client_frames.ALLOWED, timed("plan", lambda: client_frames.plan_frame(request, judged)), **never_slow
     )
     if ok and isinstance(plan, Forward) and plan.subs:
         answers = mutate.valid_answers(plan, random.Random(1), lean=True)
@@ -209,11 +212,13 @@ def _plan_and_merge_cpu(api_key: int, entries: int, tally: Tally) -> dict[str, f
 @pytest.mark.parametrize("api_key", HUGE, ids=[apis.api_name(k) for k in HUGE])
 def test_huge_requests_plan_and_merge_in_linear_time(api_key: int) -> None:
     tally = Tally()
-    quarter = _plan_and_merge_cpu(api_key, mutate.LARGE // 4, tally)
-    whole = _plan_and_merge_cpu(api_key, mutate.LARGE, tally)
+    judged = api_key % 2 == 1  # half the APIs judged by ACLs too (--authorizer acls), both sizes alike
+    quarter = _plan_and_merge_cpu(api_key, mutate.LARGE // 4, tally, judged)
+    whole = _plan_and_merge_cpu(api_key, mutate.LARGE, tally, judged)
     _assert_clean(tally)
-    assert whole.keys() == quarter.keys()
-    for step, seconds in whole.items():
+    # Judged by ACLs, a small request may be answered by kfan alone (nothing allowed): only what both did is compared.
+    assert "plan" in whole and "plan" in quarter and (whole.keys() == quarter.keys() or judged)
+    for step, seconds in ((k, v) for k, v in whole.items() if k in quarter):
         print(
             f"{apis.api_name(api_key)} {step}: {quarter[step]:.3f} s of CPU for {mutate.LARGE // 4:,} entries, {seconds:.3f} s for {mutate.LARGE:,}"
         )

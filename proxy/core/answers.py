@@ -122,13 +122,13 @@ def mirrored_error_body(hdr: RequestHeader, request: Struct, code: int) -> Parts
     :class:`BrokerUnavailable` when no error code would carry ``code`` (nothing named, or nothing to name it in).
     """
     spec = response_spec(hdr.api_key, hdr.api_version)
-    body = _mirrored(spec, request, code)
+    body = mirrored_entry(spec, request, code)
     if code not in error_codes(body):
         raise BrokerUnavailable(f"api_key {hdr.api_key} has no error code in which to report {code}")
     return encode_body(spec, body)
 
 
-def _mirrored(spec: StructSpec, request: Struct, code: int) -> Struct:
+def mirrored_entry(spec: StructSpec, request: Struct, code: int) -> Struct:
     out = spec.blank()
     for f in spec.fields:
         if f.struct is None and not f.array and f.name.endswith("error_code"):
@@ -136,7 +136,7 @@ def _mirrored(spec: StructSpec, request: Struct, code: int) -> Struct:
         elif f.name not in request:
             continue
         elif f.array and f.struct is not None and isinstance(entries := request[f.name], list):
-            out[f.name] = [_mirrored(f.struct, e, code) for e in entries if isinstance(e, dict)]
+            out[f.name] = [mirrored_entry(f.struct, e, code) for e in entries if isinstance(e, dict)]
         elif f.struct is None and not f.array and not isinstance(request[f.name], (dict, list)):
             out[f.name] = request[f.name]
     return out

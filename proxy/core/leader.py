@@ -77,7 +77,7 @@ def split(
     """
     topology = ctx.topology
     request_layout, response_layout = layouts_of(route, hdr.api_version)
-    refuse = refuse or {}
+    refuse = {**refuse, **ctx.refused} if refuse else ctx.refused  # a broker checks the ACLs first
 
     def leader(key: TopicKey, partition: int) -> int | None:
         name = topic_name(topology, key)
@@ -127,8 +127,10 @@ def split(
             out.unroutable[tp] = refuse[tp]
             continue
         name = topic_name(topology, tp[0])
-        if name is not None and topology.knows_topic(name):
-            out.unroutable[tp] = errors.NOT_LEADER_OR_FOLLOWER
+        if name is not None and topology.knows_topic(name) and tp[1] in topology.leaders[name]:
+            out.unroutable[tp] = errors.NOT_LEADER_OR_FOLLOWER  # no leader known: the client looks again
+        elif name is not None and topology.knows_topic(name):
+            out.unroutable[tp] = errors.UNKNOWN_TOPIC_OR_PARTITION  # a partition the topic does not have, as a broker says
         else:
             out.unroutable[tp] = errors.UNKNOWN_TOPIC_ID if isinstance(tp[0], uuid.UUID) else errors.UNKNOWN_TOPIC_OR_PARTITION
     for destination, sub in by_leader.items():

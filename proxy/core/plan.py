@@ -24,13 +24,20 @@ from ..kafka.headers import RequestHeader
 from ..kafka.records import Invalid
 from ..kafka.schema import Struct, StructSpec
 from ..kafka.wire import Parts
+from .acls import Access, Decision
 from .layout import Layout, TopicKey, TopicPartition
 from .read_replicas import ReadReplicaKey
+from .share_state import KeepShareSession, ReopenShareSessions, ShareKey, ShareSession
 from .topology import Topology
 
 
 class Unsupported(Exception):
     """A request kfan does not serve: the connection is closed, as a broker does."""
+
+
+class ClosesConnection(Exception):
+    """No response can carry the request's refusal (an acks=0 Produce the ACLs refuse): close the connection, as a
+    broker does; the argument is the reason, for the metrics."""
 
 
 class BrokerUnavailable(Exception):
@@ -189,38 +196,6 @@ class ForgetReadReplicas:
     keys: frozenset[ReadReplicaKey]
 
 
-ShareKey = tuple[str | None, str | None]  # a share session's (KIP-932): its group id and member id
-SharePartition = tuple[Any, int]  # (topic id, partition index)
-
-
-@dataclass(frozen=True, slots=True)
-class ShareSession:
-    """A client's share session with kfan, mapped onto kfan's own with the brokers (:mod:`.share`)."""
-
-    client_epoch: int  # the epoch the client's next request in it must carry
-    # Every partition in it -> the broker whose session holds it (None: no leader known yet; answered by kfan).
-    partitions: Mapping[SharePartition, int | None]
-    # Per broker holding a session for it: the epoch kfan's next request there carries (absent: none open).
-    broker_epochs: Mapping[int, int]
-
-
-@dataclass(frozen=True, slots=True)
-class KeepShareSession:
-    """The connection's share session ``key`` is now ``session`` (None: closed)."""
-
-    key: ShareKey
-    session: ShareSession | None
-
-
-@dataclass(frozen=True, slots=True)
-class ReopenShareSessions:
-    """These brokers' sessions for ``key`` broke (the broker failed, or answered a session error): the next
-    request opens them afresh."""
-
-    key: ShareKey
-    brokers: frozenset[int]
-
-
 Effect = (
     FoldMetadata
     | LearnCoordinators
@@ -301,6 +276,14 @@ class Context:
     share_sessions: Mapping[ShareKey, ShareSession] = field(default_factory=dict)
     # The cluster's features, for ApiVersions v3+ (as the brokers last reported them).
     features: Features = NO_FEATURES
+    # The client and the ACLs that judge it (--authorizer acls); None: kfan authorizes nothing itself.
+    access: Access | None = None
+    # Partitions the ACLs refused (a leader split answers them in place, sent to no broker).
+    refused: Mapping[TopicPartition, int] = field(default_factory=dict)
+    # The resources each request names are wanted (the audit log), even with no ACLs to judge them by.
+    record_resources: bool = False
+    # The brokers create the topics a Metadata request names (their auto.create.topics.enable).
+    auto_create_topics: bool = True
 
 
 @dataclass(slots=True)
@@ -316,6 +299,7 @@ class LocalReply:
     refused: dict[TopicPartition, Invalid] = field(default_factory=dict)  # records refused before any broker saw them
     # Applied once planned, before the connection plans its next request (a share session's next epochs).
     at_plan: list[Effect] = field(default_factory=list)
+    decisions: list[Decision] = field(default_factory=list)  # what the ACLs decided about it (--authorizer acls)
 
 
 @dataclass(slots=True)
@@ -376,6 +360,7 @@ class Forward(Generic[S]):
     cost: int = 0  # memory the request holds while in flight: its frame plus its decoded form (estimated)
     refused: dict[TopicPartition, Invalid] = field(default_factory=dict)  # records refused before any broker saw them
     at_plan: list[Effect] = field(default_factory=list)  # as LocalReply's
+    decisions: list[Decision] = field(default_factory=list)  # as LocalReply's
     # What the merge needs beyond the request (its planner's findings); always named, as each policy's differs.
     state: S = field(kw_only=True)
 

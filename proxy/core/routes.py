@@ -89,10 +89,40 @@ from ..kafka.apis import (
 )
 from ..kafka.headers import parse_request_header
 from ..kafka.schema import Struct, decode_body_costed, request_spec
-from . import any_broker, broadcast, coordinator, fetch, identity, leader, local, log_dirs, produce, share
+from . import (
+    any_broker,
+    authorize_admin,
+    authorize_data,
+    authorize_txn,
+    broadcast,
+    coordinator,
+    fetch,
+    identity,
+    leader,
+    local,
+    log_dirs,
+    produce,
+    share,
+)
+from .acls import EVERYONE, Access
 from .answers import error_body
+from .authorize import Judge, Verdict, planned
 from .coordinator import group_id, transactional_id, transactional_id_if_any, v3_transactional_id
-from .plan import Batch, BrokerFailure, Context, FieldPath, Forward, KeyType, LocalReply, Login, PartitionFields, Plan, Route, Unsupported
+from .plan import (
+    Batch,
+    BrokerFailure,
+    Context,
+    FieldPath,
+    Forward,
+    KeyType,
+    LocalReply,
+    Login,
+    NeedCoordinators,
+    PartitionFields,
+    Plan,
+    Route,
+    Unsupported,
+)
 
 GROUP, TXN = KeyType.GROUP, KeyType.TRANSACTION
 
@@ -192,6 +222,8 @@ _ROWS: tuple[Route[Any], ...] = (
 )
 # fmt: on
 ROUTES: dict[int, Route[Any]] = {r.api: r for r in _ROWS}
+# What a broker checks of each API against its ACLs, and kfan with ``--authorizer acls`` (absent: nothing to check).
+AUTHORIZE: dict[int, Any] = {**authorize_data.CHECKS, **authorize_txn.CHECKS, **authorize_admin.CHECKS}
 
 
 def served_versions(route: Route[Any]) -> tuple[int, int] | None:
@@ -273,11 +305,24 @@ def plan_request(ctx: Context, payload: bytes | memoryview) -> Plan:
     # Brokers ignore bytes after a request body (librdkafka sends some with
     # Metadata v13); so do we. Whole-forwarded requests keep them.
     request, decoded_cost = decode_body_costed(spec, payload, hdr.body_offset, allow_trailing=True, max_cost=decode_allowance(len(payload)))
+    verdict = None
     if route.own_identity and not ctx.client_identity:
         plan: Plan = LocalReply(hdr, True, error_body(hdr, errors.DELEGATION_TOKEN_REQUEST_NOT_ALLOWED))
+    elif ctx.access is not None and (check := AUTHORIZE.get(hdr.api_key)) is not None:
+        verdict = Verdict(Judge(ctx.access))
+        check(verdict, route, ctx, hdr, request)
+        plan = planned(verdict, route, ctx, hdr, payload, request)
     else:
         plan = route.plan(route, ctx, hdr, payload, request)
+        if ctx.record_resources and not isinstance(plan, NeedCoordinators) and (check := AUTHORIZE.get(hdr.api_key)) is not None:
+            # Only the resources it names, for the audit log: everyone is allowed everything, the plan stays.
+            named = Verdict(Judge(Access(EVERYONE, "", "")))
+            check(named, route, ctx, hdr, request)
+            plan.decisions = named.decisions
     plan.cost = len(payload) + decoded_cost
+    if verdict is not None and not isinstance(plan, NeedCoordinators):
+        plan.decisions = verdict.decisions
+        plan.unknown_topics |= verdict.unknown_topics
     if isinstance(plan, Forward):
         plan.broker_wait_ms = broker_wait_ms(request)
     return plan

@@ -33,17 +33,13 @@ from .plan import (
     Context,
     Effect,
     Forward,
-    KeepShareSession,
     LocalReply,
     Plan,
-    ReopenShareSessions,
     Reply,
     Route,
-    ShareKey,
-    SharePartition,
-    ShareSession,
     SubRequest,
 )
+from .share_state import KeepShareSession, ReopenShareSessions, ShareKey, SharePartition, ShareSession
 
 INVALID_RECORD_STATE = 121
 SHARE_SESSION_NOT_FOUND = 122
@@ -139,6 +135,10 @@ def plan(route: Route[Any], ctx: Context, hdr: RequestHeader, payload: memoryvie
                 dropped.append(tp)
         for tp, b in list(held.items()):
             leader = _leader(ctx, tp)
+            if tp in ctx.refused and b is not None:  # no longer authorized (the ACLs changed): answered by kfan
+                forgets.setdefault(b, []).append(tp)
+                held[tp] = None
+                continue
             if leader is None or leader == b or (b is not None and tp in acks):
                 continue  # no better place; or its acknowledgements go first to the broker that delivered it
             if b is not None:
@@ -150,6 +150,9 @@ def plan(route: Route[Any], ctx: Context, hdr: RequestHeader, payload: memoryvie
     acks_to: dict[int, list[SharePartition]] = {}
     local: dict[SharePartition, tuple[int, int | None]] = {}
     for tp in acks:
+        if (code := ctx.refused.get(tp)) is not None:
+            local[tp] = (code, code)  # a broker checks READ on the topic before acknowledging
+            continue
         b = before[tp] if tp in before else held.get(tp)
         b = b if b is not None else _leader(ctx, tp)
         if b is None:
@@ -240,6 +243,8 @@ def reopened(session: ShareSession, brokers: frozenset[int]) -> ShareSession:
 
 
 def _leader(ctx: Context, tp: SharePartition) -> int | None:
+    if tp in ctx.refused:
+        return None
     name = topic_name(ctx.topology, tp[0])
     if name is None:
         return None
@@ -248,6 +253,8 @@ def _leader(ctx: Context, tp: SharePartition) -> int | None:
 
 
 def _unroutable_code(ctx: Context, tp: SharePartition) -> int:
+    if (code := ctx.refused.get(tp)) is not None:
+        return code
     name = topic_name(ctx.topology, tp[0])
     if name is None:
         return errors.UNKNOWN_TOPIC_ID

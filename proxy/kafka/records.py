@@ -51,6 +51,18 @@ class Invalid:
     reason: str  # a short label: crc, length, magic, count, offset_delta
 
 
+_TRANSACTIONAL = 0x10
+
+
+def first_batch_transactional(data: bytes | memoryview | None) -> bool:
+    """Whether the first record batch of ``data`` is transactional (Kafka's ``hasTransactionalRecords`` reads only
+    the first batch of each partition); message sets (magic 0, 1) never are."""
+    if data is None or len(data) < _BATCH_HEAD or data[_MAGIC_AT] < 2:
+        return False
+    (attributes,) = struct.unpack_from(">h", data, _ATTRIBUTES_AT)
+    return bool(attributes & _TRANSACTIONAL)
+
+
 def check_records(data: bytes | memoryview | None, *, partial_tail: bool = False) -> Invalid | None:
     """None when every batch or message in ``data`` is whole and its checksum matches.
 

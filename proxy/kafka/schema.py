@@ -285,6 +285,8 @@ def _zero(array: bool, kafka_type: str | None, nullable: bool, sub: StructSpec |
         return []
     if sub is not None:
         return None if nullable else sub.blank()
+    if kafka_type == "uuid":
+        return uuid.UUID(int=0)  # never null on the wire, whatever the schema's Python type says
     if nullable:
         return None
     if kafka_type == "bool":
@@ -293,8 +295,6 @@ def _zero(array: bool, kafka_type: str | None, nullable: bool, sub: StructSpec |
         return ""
     if kafka_type in ("bytes", "records"):
         return b""
-    if kafka_type == "uuid":
-        return uuid.UUID(int=0)
     if kafka_type == "float64":
         return 0.0
     if kafka_type in ("timedelta_i32", "timedelta_i64", "datetime_i64"):

@@ -32,13 +32,13 @@ from opentelemetry.proto.metrics.v1.metrics_pb2 import MetricsData
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from proxy.kafka import apis
+from proxy.kafka import apis, errors
 from proxy.kafka.schema import Struct, encode_body, response_spec
 from proxy.kafka.wire import Parts
 
-INVALID_REQUEST = 42
+INVALID_REQUEST = errors.INVALID_REQUEST
 UNSUPPORTED_COMPRESSION_TYPE = 76
-INVALID_RECORD = 87
+INVALID_RECORD = errors.INVALID_RECORD
 THROTTLING_QUOTA_EXCEEDED = 89
 UNKNOWN_SUBSCRIPTION_ID = 117
 TELEMETRY_TOO_LARGE = 118

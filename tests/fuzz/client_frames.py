@@ -11,8 +11,10 @@ broker that is down, a coordinator cache that knows some groups; every API
 version kfan implements advertised), planned again once its coordinators were
 looked up when the plan asks for that, as the connection does.
 
-Contract: the only exceptions are :class:`proxy.kafka.wire.Malformed` and
-:class:`proxy.core.Unsupported` (the connection closes). On those, the
+Contract: the only exceptions are :class:`proxy.kafka.wire.Malformed`,
+:class:`proxy.core.Unsupported` and :class:`proxy.core.ClosesConnection` (an
+acks=0 Produce the ACLs refuse: one request in two is judged by ACLs, as with
+``--authorizer acls``; the connection closes). On those, the
 connection logs what :func:`proxy.kafka.headers.peek_request` finds, which must not
 raise either. A plan's reply joins into bytes, its fetch keys hash, every
 sub-request it would send frames into a request a broker can parse, and once
@@ -23,10 +25,11 @@ from __future__ import annotations
 
 import random
 import struct
+import zlib
 from dataclasses import dataclass
 from typing import Any
 
-from proxy.core import FetchForward, Forward, LocalReply, NeedCoordinators, Plan, Unsupported
+from proxy.core import ClosesConnection, FetchForward, Forward, LocalReply, NeedCoordinators, Plan, Unsupported
 from proxy.kafka import schema
 from proxy.kafka.frames import DEFAULT_MAX_FRAME_BYTES, FrameReader, frame
 from proxy.kafka.headers import parse_request_header, peek_request, request_head
@@ -37,15 +40,19 @@ from .harness import HANG_SECONDS, Broken, Tally, api_label, check
 from .mutate import mutate, reshape_request, valid_requests
 from .mutate import plan as plan_like_connection
 
-ALLOWED: tuple[type[BaseException], ...] = (Malformed, Unsupported)
+ALLOWED: tuple[type[BaseException], ...] = (Malformed, Unsupported, ClosesConnection)
 READER = "frame_reader"
 PLANNER = "plan_request"
 
 
-def plan_frame(payload: bytes) -> Plan:
-    """What a client connection does with one frame; raises only what the contract allows (else a finding)."""
+def plan_frame(payload: bytes, judged: bool | None = None) -> Plan:
+    """What a client connection does with one frame; raises only what the contract allows (else a finding).
+
+    ``judged``: by ACLs first, as with ``--authorizer acls`` (None: one frame in two, by its bytes)."""
+    if judged is None:
+        judged = zlib.crc32(payload) % 2 == 1
     try:
-        plan = plan_like_connection(payload)
+        plan = plan_like_connection(payload, judged=judged)
     except ALLOWED:
         peek_request(payload)  # the connection logs api key, version and correlation id
         raise

@@ -112,8 +112,30 @@ def known_coordinator(c: Coordinator) -> int | None:
     return node
 
 
-def context(looked_up: bool = False) -> Context:
-    """The context a client connection plans with (``looked_up``: after resolving the coordinators a plan asked for)."""
+def _fuzz_acls() -> Any:
+    """ACLs that allow some of the world's resources and deny others (literal, prefixed, wildcard; DENY over ALLOW)."""
+    from proxy.core.acls import CLUSTER_NAME, AclBinding, Acls, Operation, PatternType, Permission, ResourceType
+
+    me, lit, pre = "User:fuzz", PatternType.LITERAL, PatternType.PREFIXED
+    allow, deny = Permission.ALLOW, Permission.DENY
+    T, G, X, C = ResourceType.TOPIC, ResourceType.GROUP, ResourceType.TRANSACTIONAL_ID, ResourceType.CLUSTER
+    return Acls(
+        [
+            AclBinding(me, "*", T, "orders", lit, Operation.ALL, allow),
+            AclBinding(me, "*", T, "ev", pre, Operation.READ, allow),
+            AclBinding(me, "*", T, "events", lit, Operation.DESCRIBE, deny),
+            AclBinding("User:*", "*", T, "*", lit, Operation.DESCRIBE_CONFIGS, allow),
+            AclBinding(me, "*", G, "g", pre, Operation.READ, allow),
+            AclBinding(me, "*", G, "g2", lit, Operation.READ, deny),
+            AclBinding(me, "*", X, "tx1", lit, Operation.WRITE, allow),
+            AclBinding(me, "*", C, CLUSTER_NAME, lit, Operation.DESCRIBE, allow),
+        ]
+    )
+
+
+def context(looked_up: bool = False, judged: bool = False) -> Context:
+    """The context a client connection plans with (``looked_up``: after resolving the coordinators a plan asked for;
+    ``judged``: by ACLs, --authorizer acls)."""
     names = {f.name for f in dataclasses.fields(Context)}
     extra: dict[str, Any] = {}
     if "coordinator_of" in names:
@@ -125,18 +147,26 @@ def context(looked_up: bool = False) -> Context:
     if "read_replica" in names:
         extra["rack"] = "zone-b"  # Fetches also go to read replicas, and their answers are followed
         extra["read_replica"] = READ_REPLICAS.get
+    if judged and "access" in names:
+        from proxy.core.acls import Access
+
+        extra["access"] = Access(_fuzz_acls(), "User:fuzz", "10.0.0.1")
     return Context(IDENTITY, TOPOLOGY, API_VERSIONS, **extra)
 
 
 CONTEXT = context()
 CONTEXT_LOOKED_UP = context(looked_up=True)
+JUDGED = context(judged=True)
+JUDGED_LOOKED_UP = context(looked_up=True, judged=True)
 
 
-def plan(payload: bytes | memoryview) -> Plan:
-    """Plan a request as the connection does: again, once the coordinators it names were looked up, when it asks."""
-    first = plan_request(CONTEXT, payload)
+def plan(payload: bytes | memoryview, judged: bool = False) -> Plan:
+    """Plan a request as the connection does: again, once the coordinators it names were looked up, when it asks.
+
+    ``judged``: by ACLs first (--authorizer acls), as a governed kfan plans."""
+    first = plan_request(JUDGED if judged else CONTEXT, payload)
     if isinstance(first, NeedCoordinators):
-        return plan_request(CONTEXT_LOOKED_UP, payload)
+        return plan_request(JUDGED_LOOKED_UP if judged else CONTEXT_LOOKED_UP, payload)
     return first
 
 
