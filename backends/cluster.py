@@ -26,6 +26,8 @@ from proxy.core import NO_FEATURES, Features, advertised_versions
 from proxy.core.local import merged_features
 from proxy.core.read_replicas import ReadReplicaKey, ReadReplicas
 from proxy.core.topology import Topology
+from proxy.kafka import apis
+from proxy.kafka.headers import decode_response
 from proxy.runtime import metrics
 
 from . import backoff
@@ -244,6 +246,9 @@ class Cluster:
         self.topology = Topology()
         self.api_versions: dict[int, tuple[int, int]] = {}
         self.features = NO_FEATURES
+        # The brokers' auto.create.topics.enable (Kafka's default until one says): whether a Metadata request
+        # may create the topics it names, which decides how kfan's ACLs answer it.
+        self.auto_create_topics = True
         self.client_logins = client_logins
         self.client_telemetry = client_telemetry  # kfan answers client telemetry (KIP-714): it advertises those APIs
         # The coordinator of each group or transaction, as kfan's own identity finds it; connections
@@ -273,7 +278,30 @@ class Cluster:
             self.ready.set()
             task_status.started()
             nursery.start_soon(self._age_loop)
+            nursery.start_soon(self._read_auto_create)
             await self.refresher.run()
+
+    async def _read_auto_create(self) -> None:
+        """A broker's auto.create.topics.enable, asked with kfan's identity (a few tries; the default otherwise)."""
+        for attempt in range(5):
+            broker = self.any_broker()
+            if broker is not None:
+                try:
+                    lo, hi = self.broker_versions.get(broker, {}).get(apis.DESCRIBE_CONFIGS, (1, 4))
+                    version = max(lo, min(hi, 4))
+                    resource = {"resource_type": 4, "resource_name": str(broker), "configuration_keys": ["auto.create.topics.enable"]}
+                    answer = decode_response(
+                        await self.call(broker, apis.DESCRIBE_CONFIGS, version, {"resources": [resource]}), apis.DESCRIBE_CONFIGS, version
+                    )
+                    for result in answer["results"]:
+                        for config in result["configs"] if result["error_code"] == 0 else []:
+                            if config["name"] == "auto.create.topics.enable" and config["value"] is not None:
+                                self.auto_create_topics = config["value"].strip().lower() == "true"
+                                log.info("the brokers' auto.create.topics.enable: %s", self.auto_create_topics)
+                                return
+                except Exception as e:  # a link failure, a timeout, an answer kfan cannot read: try again
+                    log.debug("auto.create.topics.enable not read: %r", e)
+            await trio.sleep(2.0 * (attempt + 1))
 
     async def _bootstrap(self) -> None:
         # Until a bootstrap broker answers kfan is alive but not ready

@@ -11,9 +11,13 @@ What a connection sees of the cache is a :class:`Coordinators` view: kfan's
 own (``scope`` None: looked up with kfan's identity over its control links,
 shared by every connection), or, with ``--broker-identity client``, one
 connection's own (looked up over that connection's links, with the client's
-identity, and seen by no other connection). So no client's lookup is made
-with kfan's identity, and nothing one principal's lookups learn answers for
-another.
+identity, and seen by no other connection). Nothing one principal's lookups
+learn answers for another. A lookup the client's identity may not make (its
+ACLs deny DESCRIBE on the group or transactional id) is made again with kfan's
+identity, for routing only: the broker the request goes to then judges the
+client's request itself, and answers it as it would answer the client
+directly (GROUP_AUTHORIZATION_FAILED, or the request served where its ACLs
+allow that but not the lookup).
 """
 
 from __future__ import annotations
@@ -42,6 +46,8 @@ ANSWER_FAILURES = (LinkError, trio.TooSlowError, OSError, Malformed)
 
 # Keys per batched FindCoordinator request.
 _FIND_BATCH = 1000
+# A lookup answered with these was refused the asker, not failed: kfan's own view routes it (see the docstring).
+REFUSED = frozenset({errors.GROUP_AUTHORIZATION_FAILED, errors.TRANSACTIONAL_ID_AUTHORIZATION_FAILED, errors.CLUSTER_AUTHORIZATION_FAILED})
 MAX_COORDINATORS = 10_000
 MAX_COORDINATOR_BYTES = 16 * 1024 * 1024  # the keys' memory plus a per-entry overhead, over every scope
 COORDINATOR_TTL = 300.0
@@ -161,9 +167,11 @@ class Coordinators:
         *,
         request_timeout: float,
         scope: Scope = None,
+        fallback: Coordinators | None = None,
     ) -> None:
         self.cache = cache
         self.scope = scope
+        self._fallback = fallback  # kfan's own view: what this one's lookups are refused, for routing
         self._asker = asker
         self._brokers = brokers
         self._request_timeout = request_timeout
@@ -176,8 +184,8 @@ class Coordinators:
         return isinstance(c, Coordinator) and self.cache.get(self.scope, c) is not None
 
     def scoped(self, asker: Asker, scope: Hashable) -> Coordinators:
-        """A view of the same cache with entries of its own, looked up by ``asker``."""
-        return Coordinators(self.cache, asker, self._brokers, request_timeout=self._request_timeout, scope=scope)
+        """A view of the same cache with entries of its own, looked up by ``asker`` (by this view where refused)."""
+        return Coordinators(self.cache, asker, self._brokers, request_timeout=self._request_timeout, scope=scope, fallback=self)
 
     def learn(self, coordinators: Mapping[Coordinator, int]) -> None:
         now = trio.current_time()
@@ -213,6 +221,10 @@ class Coordinators:
             if code == errors.NONE and node in self._brokers():
                 self.learn({c: node})
                 return node
+            if code in REFUSED and self._fallback is not None:
+                node = await self._fallback.coordinator(c)
+                self.learn({c: node})
+                return node
             if code not in (errors.COORDINATOR_NOT_AVAILABLE, errors.COORDINATOR_LOAD_IN_PROGRESS, errors.NONE):
                 break
             await trio.sleep(0.05 * (attempt + 1))
@@ -230,33 +242,44 @@ class Coordinators:
         for c in keys:
             if cacheable(c) and self.known(c) is None:
                 by_type.setdefault(c.key_type, []).append(c.key)
+        refused: list[Coordinator] = []
         with trio.move_on_after(self._request_timeout):
-            for key_type, names in by_type.items():
-                broker = self._asker.any_broker()
-                if broker is None:
-                    return
-                version = self._asker.version_for(broker, apis.FIND_COORDINATOR)
-                if version < 4:
-                    for name in names:
-                        try:
-                            code, node = await self._find_coordinator(Coordinator(key_type, name))
-                        except ANSWER_FAILURES as e:
-                            log.info("FindCoordinator for %s failed: %s", _shown(Coordinator(key_type, name)), e)
-                            continue
-                        if code == errors.NONE and node in self._brokers():
-                            self.learn({Coordinator(key_type, name): node})
-                    continue
-                for start in range(0, len(names), _FIND_BATCH):
-                    body = {"key_type": key_type, "coordinator_keys": names[start : start + _FIND_BATCH]}
+            await self._find(by_type, refused)
+        if refused and self._fallback is not None:
+            await self._fallback.find(refused)
+            self.learn({c: node for c in refused if (node := self._fallback.known(c)) is not None})
+
+    async def _find(self, by_type: Mapping[int, list[str]], refused: list[Coordinator]) -> None:
+        """The lookups of :meth:`find`; the keys the asker was refused (an authorization error) go in ``refused``."""
+        for key_type, names in by_type.items():
+            broker = self._asker.any_broker()
+            if broker is None:
+                return
+            version = self._asker.version_for(broker, apis.FIND_COORDINATOR)
+            if version < 4:
+                for name in names:
                     try:
-                        found = read_coordinators(await self._asker.call(broker, apis.FIND_COORDINATOR, version, body), version)
+                        code, node = await self._find_coordinator(Coordinator(key_type, name))
                     except ANSWER_FAILURES as e:
-                        log.info("FindCoordinator for %d keys failed: %s", len(body["coordinator_keys"]), e)
+                        log.info("FindCoordinator for %s failed: %s", _shown(Coordinator(key_type, name)), e)
                         continue
-                    brokers = self._brokers()
-                    self.learn(
-                        {Coordinator(key_type, key): node for key, (code, node) in found.items() if code == errors.NONE and node in brokers}
-                    )
+                    if code == errors.NONE and node in self._brokers():
+                        self.learn({Coordinator(key_type, name): node})
+                    elif code in REFUSED:
+                        refused.append(Coordinator(key_type, name))
+                continue
+            for start in range(0, len(names), _FIND_BATCH):
+                body = {"key_type": key_type, "coordinator_keys": names[start : start + _FIND_BATCH]}
+                try:
+                    found = read_coordinators(await self._asker.call(broker, apis.FIND_COORDINATOR, version, body), version)
+                except ANSWER_FAILURES as e:
+                    log.info("FindCoordinator for %d keys failed: %s", len(body["coordinator_keys"]), e)
+                    continue
+                brokers = self._brokers()
+                self.learn(
+                    {Coordinator(key_type, key): node for key, (code, node) in found.items() if code == errors.NONE and node in brokers}
+                )
+                refused.extend(Coordinator(key_type, key) for key, (code, _) in found.items() if code in REFUSED)
 
     async def _find_coordinator(self, c: Coordinator) -> tuple[int, int]:
         b = self._asker.any_broker()

@@ -16,13 +16,16 @@ from typing import Any
 
 import trio
 
+from proxy.runtime.audit import Audit, FileSink
 from proxy.runtime.lifeline import LIFELINE_ENV, watch_lifeline
 from proxy.runtime.logs import setup_logging
 from proxy.runtime.metrics import ListenFailed
 from proxy.runtime.telemetry import ClientTelemetry, load_subscriptions
 from proxy.server import config
+from proxy.server.audit_topic import TopicSink
 from proxy.server.config import parse_address, parse_addresses
 from proxy.server.connection import Limits
+from proxy.server.governance import AclFile, Governance
 from proxy.server.prelogin import PreLoginLimits
 from proxy.server.security_options import security_from
 from proxy.server.serve import Running, ServerConfig, serve
@@ -207,7 +210,26 @@ def _config(options: dict[str, Any], bootstrap: list[tuple[str, int]], reuse_por
         else CaptureConfig(options["capture"], sample=options["capture_sample"], records=options["capture_records"]),
         security=security_from(options),
         telemetry=_telemetry(options),
+        governance=_governance(options),
     )
+
+
+def _governance(options: dict[str, Any]) -> Governance:
+    """The ACLs kfan authorizes with and its audit log, as the options say (an invalid ACL file stops kfan here)."""
+    acl_file = None
+    if options["authorizer"] == "acls":
+        if options["acl_file"] is None:
+            raise ValueError("--authorizer acls needs --acl-file")
+        acl_file = AclFile(options["acl_file"], options["acl_file_check"])
+    elif options["acl_file"] is not None:
+        raise ValueError("--acl-file is read only with --authorizer acls")
+    audit = None
+    if options["audit_log"] is not None and options["audit_topic"] is not None:
+        raise ValueError("give --audit-log or --audit-topic, not both")
+    if options["audit_log"] is not None or options["audit_topic"] is not None:
+        sink = FileSink(options["audit_log"]) if options["audit_log"] is not None else TopicSink(options["audit_topic"])
+        audit = Audit(sink, options["audit_apis"], options["audit_queue_events"], block=options["audit_overflow"] == "block")
+    return Governance(acl_file, options["authorizer_log"], audit)
 
 
 def _telemetry(options: dict[str, Any]) -> ClientTelemetry | None:
@@ -239,7 +261,11 @@ async def _until_signal(body: Callable[[trio.Nursery], Awaitable[Running | None]
             async def hear(signals: AsyncIterator[int]) -> None:
                 async for signum in signals:
                     if signum == signal.SIGHUP:
-                        log.warning(IGNORED_SIGHUP)
+                        if started and started[0] is not None and started[0].governance is not None:
+                            log.info("received SIGHUP: re-reading the ACL file and reopening the audit log (other settings need a restart)")
+                            started[0].governance.reopen()
+                        else:
+                            log.warning(IGNORED_SIGHUP)
                     else:
                         stop_send.send_nowait(f"received {signal.Signals(signum).name}")
 

@@ -37,6 +37,7 @@ from kubernetes_validate.utils import latest_version
 from proxy.cli import build_parser
 from proxy.runtime.telemetry import load_subscriptions
 from proxy.server.config import OPTIONS, resolve
+from proxy.server.governance import read_acls
 from tests.support.certs import Authority
 from tests.support.kfan import SERVING
 from tests.support.processes import follow_output, free_port, stop_process
@@ -650,6 +651,8 @@ LIMITS: tuple[tuple[str, str, int | float, str], ...] = (
     ("readReplicaMaxAgeSeconds", "KFAN_READ_REPLICA_MAX_AGE", 0.25, "0.25"),
     ("telemetry.maxBytes", "KFAN_TELEMETRY_MAX_BYTES", 65536, "65536"),
     ("telemetry.maxClientInstances", "KFAN_TELEMETRY_MAX_CLIENT_INSTANCES", 200, "200"),
+    ("authorization.checkSeconds", "KFAN_ACL_FILE_CHECK", 5, "5"),
+    ("audit.queueEvents", "KFAN_AUDIT_QUEUE_EVENTS", 500, "500"),
 )
 LIMIT_ENV = {env for _, env, _, _ in LIMITS}
 
@@ -1200,6 +1203,49 @@ def test_rendered_security_configuration_runs_kfan_against_a_tls_sasl_cluster(tm
             wait_for_line(kfan.log, re.escape("security: brokers: TLS, SASL SCRAM-SHA-512 as kfan"))
         finally:
             stop_process(kfan.process, 15)
+
+
+def test_acls_are_a_file_in_the_pod_that_kfan_reads_and_the_audit_log_is_configured(tmp_path: Path) -> None:
+    acls = '[[acls]]\nprincipal = "User:app"\nresource_type = "TOPIC"\nresource_name = "orders"\noperation = "READ"\n'
+    values = {
+        "authorization": {"authorizer": "acls", "acls": acls, "log": "all"},
+        "audit": {"log": "-", "apis": ["CreateTopics", "DeleteTopics"], "queueEvents": 500, "overflow": "block"},
+    }
+    docs = render(BASE | values)
+    env = kfan_env(docs)
+    assert env["KFAN_AUTHORIZER"] == "acls" and env["KFAN_AUTHORIZER_LOG"] == "all"
+    assert env["KFAN_ACL_FILE"] == "/etc/kfan/config/acls.toml"
+    assert (env["KFAN_AUDIT_LOG"], env["KFAN_AUDIT_APIS"], env["KFAN_AUDIT_QUEUE_EVENTS"], env["KFAN_AUDIT_OVERFLOW"]) == (
+        "-",
+        "CreateTopics,DeleteTopics",
+        "500",
+        "block",
+    )
+    (files,) = [d for d in docs if d["kind"] == "ConfigMap" and d["metadata"]["name"].endswith("-file")]
+    assert files["data"] == {"acls.toml": acls}
+    (tmp_path / "acls.toml").write_text(files["data"]["acls.toml"])
+    assert len(read_acls(tmp_path / "acls.toml")) == 1  # what kfan reads, it takes
+    # From a Secret instead: mounted whole (no subPath), so that an update reaches kfan.
+    docs = render(BASE | {"authorization": {"authorizer": "acls", "aclSecret": {"secretName": "kfan-acls"}}})
+    assert kfan_env(docs)["KFAN_ACL_FILE"] == "/etc/kfan/acls/acls.toml"
+    mount = next(m for m in container(docs)["volumeMounts"] if m["name"] == "acls")
+    assert mount["mountPath"] == "/etc/kfan/acls" and "subPath" not in mount
+    # Nothing set: kfan authorizes nothing and audits nothing.
+    env = kfan_env(render(BASE))
+    assert not {"KFAN_AUTHORIZER", "KFAN_ACL_FILE", "KFAN_AUDIT_LOG", "KFAN_AUDIT_TOPIC"} & set(env)
+
+
+@pytest.mark.parametrize(
+    ("values", "complaint"),
+    [
+        ({"authorization": {"authorizer": "acls"}}, "needs the ACLs"),
+        ({"authorization": {"authorizer": "acls", "acls": "x", "aclSecret": {"secretName": "s"}}}, "not both"),
+        ({"audit": {"log": "-", "topic": "audit"}}, "not both"),
+    ],
+)
+def test_governance_values_that_do_not_fit_together_are_refused(values: dict[str, Any], complaint: str) -> None:
+    with pytest.raises(Exception, match=complaint):
+        render(BASE | values)
 
 
 def test_telemetry_subscriptions_are_a_file_in_the_pod_that_kfan_reads(tmp_path: Path) -> None:

@@ -101,6 +101,21 @@ SHARED_ANSWERS = Counter(
     "kfan_shared_answers", "Client requests answered by an identical one already out to a broker (not sent again), by API key", ["api_key"]
 )
 
+AUTHORIZATION_DECISIONS = Counter(
+    "kfan_authorization_decisions",
+    "Decisions kfan's ACLs made about client requests (--authorizer acls), by API key, operation, resource type and result",
+    ["api_key", "operation", "resource_type", "result"],
+)
+ACL_RELOADS = Counter("kfan_acl_reloads", "Reads of the ACL file, by result (ok, invalid: the previous ACLs are kept)", ["result"])
+ACL_BINDINGS = Gauge(
+    "kfan_acl_bindings", "ACL bindings in force (one per principal, host, operation and resource pattern)", multiprocess_mode="max"
+)
+AUDIT_EVENTS = Counter("kfan_audit_events", "Audit events written, by kind (connection, request)", ["kind"])
+AUDIT_DROPPED = Counter(
+    "kfan_audit_dropped", "Audit events dropped because the audit sink lagged (--audit-overflow drop), by kind", ["kind"]
+)
+AUDIT_QUEUED = Gauge("kfan_audit_queued_events", "Audit events waiting to be written", multiprocess_mode="livesum")
+
 
 class ListenFailed(Exception):
     """An address kfan was told to listen on cannot be bound (in use, not this host's): it cannot serve."""

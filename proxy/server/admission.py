@@ -29,6 +29,7 @@ from proxy.runtime.telemetry import ClientTelemetry
 from proxy.security.tls import ServerTLS, principal_of
 from proxy.server.client_auth import ClientAuthConfig
 from proxy.server.connection import ClientConnection, Limits
+from proxy.server.governance import Governance
 from proxy.server.prelogin import Admitted, PreLogin, host_of
 from proxy.server.registry import Connections
 
@@ -49,6 +50,7 @@ async def serve_client(
     auth: ClientAuthConfig | None = None,
     prelogin: PreLogin | None = None,
     telemetry: ClientTelemetry | None = None,
+    governance: Governance | None = None,
 ) -> None:
     if registry is not None and len(registry) >= limits.max_connections:
         # As a broker over max.connections: the new connection is closed at once.
@@ -67,7 +69,7 @@ async def serve_client(
         await trio.aclose_forcefully(stream)
         return
     try:
-        await _serve_admitted(stream, cluster, identity, limits, registry, capture, pool, tls, auth, peer, admitted, telemetry)
+        await _serve_admitted(stream, cluster, identity, limits, registry, capture, pool, tls, auth, peer, admitted, telemetry, governance)
     finally:
         admitted.leave()
 
@@ -85,6 +87,7 @@ async def _serve_admitted(
     peer: str,
     admitted: Admitted,
     telemetry: ClientTelemetry | None,
+    governance: Governance | None,
 ) -> None:
     principal = None
     if tls is not None:
@@ -99,7 +102,18 @@ async def _serve_admitted(
     if auth is None:
         admitted.leave()  # no SASL login to wait for: the client is in
     conn = ClientConnection(
-        stream, cluster, identity, limits, capture, pool, auth=auth, peer=peer, principal=principal, admitted=admitted, telemetry=telemetry
+        stream,
+        cluster,
+        identity,
+        limits,
+        capture,
+        pool,
+        auth=auth,
+        peer=peer,
+        principal=principal,
+        admitted=admitted,
+        telemetry=telemetry,
+        governance=governance,
     )
     log.debug("client %s connected from %s", conn.id, peer)
     metrics.CLIENT_CONNECTIONS.inc()

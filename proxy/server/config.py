@@ -16,6 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from proxy.runtime.audit import parse_audit_apis
+
 
 def parse_address(text: str) -> tuple[str, int]:
     host, sep, port = str(text).strip().rpartition(":")
@@ -159,6 +161,34 @@ OPTIONS: tuple[Option, ...] = (
     ),
     Option("telemetry-max-bytes", int, 1024 * 1024, "largest telemetry push accepted, before and after decompression", "BYTES"),
     Option("telemetry-max-client-instances", int, 1000, "client instances whose pushed metrics are kept; the least recent go first", "N"),
+    # --- governance: authorization and the audit log
+    Option(
+        "authorizer",
+        _choice("none", "acls"),
+        "none",
+        "none, or acls: kfan judges every request by --acl-file, as a broker would",
+        "none|acls",
+    ),
+    Option("acl-file", Path, None, "the ACLs (TOML, see README) for --authorizer acls; re-read when it changes and on SIGHUP", "FILE"),
+    Option("acl-file-check", float, 2.0, "seconds between checks of --acl-file for changes", "SECONDS"),
+    Option("authorizer-log", _choice("denied", "all", "none"), "denied", "which authorization decisions are logged", "denied|all|none"),
+    Option("audit-log", str, None, "write the audit log (JSON lines) to this file, reopened on SIGHUP; - for stdout", "FILE|-"),
+    Option("audit-topic", str, None, "write the audit log to this Kafka topic on the cluster itself (instead of a file)", "TOPIC"),
+    Option(
+        "audit-apis",
+        parse_audit_apis,
+        None,
+        "requests audited: default (all but Produce, Fetch, share fetches, heartbeats), all, or API names",
+        "LIST",
+    ),
+    Option("audit-queue-events", int, 10_000, "audit events held while the audit sink lags", "N"),
+    Option(
+        "audit-overflow",
+        _choice("drop", "block"),
+        "drop",
+        "when the audit queue is full: drop (counted, logged) or block the client",
+        "drop|block",
+    ),
     # --- TLS to clients
     Option("tls-cert", Path, None, "serve TLS to clients with this certificate chain (PEM); re-read when it changes", "FILE"),
     Option("tls-key", Path, None, "the private key of --tls-cert (PEM); re-read when it changes", "FILE"),

@@ -40,6 +40,7 @@ import logging
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import trio
 
@@ -59,6 +60,7 @@ from proxy.security.tls import looks_like_tls
 from proxy.server.broker_login import confirm_login
 from proxy.server.client_auth import Answer, ClientAuthConfig, ClientSession, Refused
 from proxy.server.forwarder import Forwarder, Unanswerable
+from proxy.server.governance import ClientGovernance, Governance
 from proxy.server.ordering import ResponseOrderer, ResponseSlot
 from proxy.server.prelogin import Admitted, PreLogin, PreLoginLimits, host_of
 from proxy.server.token_identity import TokenIdentity
@@ -189,6 +191,7 @@ class _Login:
             answer = await self.session.admit(payload)
         except Refused as e:
             log.warning("client %s (%s): closing: %s", conn.id, conn.peer, e)
+            conn._audit_connection("refused", reason=e.reason, mechanism=self.session.mechanism)
             raise _Close(e.reason) from None
         except Malformed as e:
             key, version, cid = peek_request(payload) if len(payload) >= 8 else (-1, -1, -1)
@@ -196,6 +199,7 @@ class _Login:
             raise _Close("malformed") from e
         if self.admitted is not None and self.session.authenticated:
             self._logged_in(reader)
+            conn._audit_connection("authenticated", mechanism=self.session.mechanism)
         return answer
 
     def _logged_in(self, reader: FrameReader) -> None:
@@ -240,9 +244,10 @@ class ClientConnection:
         principal: str | None = None,
         admitted: Admitted | None = None,
         telemetry: ClientTelemetry | None = None,
+        governance: Governance | None = None,
     ) -> None:
         """``auth``: clients log in with SASL first; ``principal``: who the client's TLS certificate says it is;
-        ``admitted``: its place among the process's connections not logged in yet (with ``auth``)."""
+        ``admitted``: its place among the process's connections not logged in yet (with ``auth``); ``governance``."""
         self.stream = stream
         self.capture = capture
         self.cluster = cluster
@@ -252,6 +257,7 @@ class ClientConnection:
         self.peer = peer
         self.principal = principal
         self._telemetry = telemetry  # kfan's client telemetry (KIP-714), when it has subscriptions
+        self._governed = None if governance is None else ClientGovernance(governance, self.id, peer, self._principal)
         self._connect_broker = connect_broker
         self._pool = pool if pool is not None else MemoryPool(limits.max_buffered_bytes)
         self._budget = Budget(limits.max_connection_bytes, self._pool)
@@ -261,6 +267,8 @@ class ClientConnection:
 
     async def run(self) -> None:
         """Serve the client until it leaves or must go; never raises (but for cancellation)."""
+        self._audit_connection("opened", mechanism="mTLS" if self.principal else None)
+        reason = "eof"
         try:
             async with trio.open_nursery() as nursery:
                 session = None if self._login is None else self._login.session
@@ -296,20 +304,24 @@ class ClientConnection:
                     client_identity=carry,
                     telemetry=self._telemetry,
                     principal=self._principal,
+                    governed=self._governed,
                 )
                 nursery.start_soon(self._write, nursery.cancel_scope)
                 async with self._orderer:
                     await self._read()
-        except* _Close:
-            pass
+        except* _Close as eg:
+            reason = eg.exceptions[0].reason  # type: ignore[attr-defined]
         except* (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as eg:
+            reason = "connection_lost"
             log.debug("client %s: connection lost: %r", self.id, eg.exceptions[0])
         except* Exception as eg:
             # The last resort: a bug met while serving this client ends this
             # client's connection, never the process.
+            reason = "internal_error"
             metrics.CLIENT_CLOSES.labels("internal_error").inc()
             log.error("client %s: closing after an unexpected error", self.id, exc_info=eg)
         finally:
+            self._audit_connection("closed", reason=reason)
             self._orderer.abandon()  # requests the connection's end abandoned
             if self._login is not None and self._login.tokens is not None:
                 await self._login.tokens.expire()  # shielded, bounded
@@ -317,6 +329,10 @@ class ClientConnection:
             self._receiver.release()
             with trio.CancelScope(shield=True):
                 await trio.aclose_forcefully(self.stream)
+
+    def _audit_connection(self, event: str, **fields: Any) -> None:
+        if self._governed is not None:
+            self._governed.connection_event(f"connection.{event}", **fields)
 
     def _principal(self) -> str:
         """Who the client is, as far as kfan knows (its login, its certificate), for its telemetry's labels."""

@@ -60,6 +60,7 @@ from proxy.server.dispatch import Dispatcher
 from proxy.server.effects import apply_effects
 from proxy.server.fetches import Fetches
 from proxy.server.gather import Gathered, Handles
+from proxy.server.governance import ClientGovernance
 from proxy.server.ordering import ResponseOrderer, ResponseSlot
 from proxy.server.planning import Planner, Unanswerable
 
@@ -90,10 +91,12 @@ class Forwarder:
         client_identity: bool = False,
         telemetry: ClientTelemetry | None = None,
         principal: Callable[[], str] = str,
+        governed: ClientGovernance | None = None,
     ) -> None:
         """``nursery``: the connection's, where answers are awaited and kept sub-fetches expire.
 
-        ``client_identity``: the links log in as the client (``--broker-identity client``).
+        ``client_identity``: the links log in as the client (``--broker-identity client``); ``principal``: who the
+        client is at kfan (its login, its certificate; "" when neither); ``governed``: its ACLs and audit log.
         """
         self.cluster = cluster
         self.links = links
@@ -106,8 +109,19 @@ class Forwarder:
         self.request_timeout = request_timeout
         self._nursery = nursery
         self.fetches = Fetches(links, budget, nursery)
+        self.governed = governed
         self.planner = Planner(
-            cluster, links, identity, self.fetches, client, validate_records, fetch_ahead_bytes, client_identity, telemetry, principal
+            cluster,
+            links,
+            identity,
+            self.fetches,
+            client,
+            validate_records,
+            fetch_ahead_bytes,
+            client_identity,
+            telemetry,
+            principal,
+            governed,
         )
         self.dispatcher = Dispatcher(
             cluster, links, self.fetches, request_timeout=request_timeout, max_hold=max_hold, client=client, client_identity=client_identity
@@ -122,7 +136,12 @@ class Forwarder:
         Call it with room in the order (:meth:`ResponseOrderer.make_room`). Raises :class:`Unanswerable`.
         """
         read_at = time.time_ns() if self.capture is not None and self.capture.sampled() else None
+        if self.governed is not None:
+            await self.governed.before_request()  # --audit-overflow block: the client waits for the audit log
         ctx, plan = await self.planner.plan(payload)
+        if self.governed is not None:
+            self.governed.planned(plan.header, ctx.access, plan.decisions)
+            self.governed.software = self.planner.software
         self._apply(plan.at_plan)  # before the next request is planned (a share session's epochs)
         if plan.refused:
             self._refused_records(plan.refused)
@@ -137,6 +156,8 @@ class Forwarder:
         if isinstance(plan, LocalReply):
             _count_errors(plan.errors)
             self._answer(slot, plan.header, plan.body if plan.expect_response else None)
+            if self.governed is not None:
+                await self.governed.answered(plan.header, ctx.access is not None, plan.decisions, plan.errors, len(payload) + 4, slot)
             return
         submitted_at = trio.current_time()
         try:
@@ -146,7 +167,7 @@ class Forwarder:
             raise Unanswerable("internal_error") from e
         if not plan.expect_response:
             self._unanswered.append(handles)
-        self._nursery.start_soon(self._complete, plan, handles, slot, submitted_at)
+        self._nursery.start_soon(self._complete, plan, handles, slot, submitted_at, len(payload) + 4)
 
     async def send_unanswered(self) -> None:
         """Until the sub-requests of requests that want no answer are written (the client is leaving)."""
@@ -161,9 +182,12 @@ class Forwarder:
             where = ", ".join(f"{topic}-{partition} ({problem.reason})" for (topic, partition), problem in list(refused.items())[:5])
             log.warning("client %s (%s): refused produced records that no broker would take: %s", self.client, self.peer, where)
 
-    async def _complete(self, plan: Forward, handles: Handles, slot: ResponseSlot, submitted_at: float) -> None:
+    async def _complete(self, plan: Forward, handles: Handles, slot: ResponseSlot, submitted_at: float, bytes_in: int) -> None:
         try:
-            await self._complete_one(plan, handles, slot, submitted_at)
+            reply = await self._complete_one(plan, handles, slot, submitted_at)
+            errors = reply.errors if reply is not None else {}
+            if self.governed is not None:
+                await self.governed.answered(plan.header, plan.ctx.access is not None, plan.decisions, errors, bytes_in, slot)
         except Exception:
             # A bug met while answering one request ends this connection (in
             # order: the responses before it are still written), nothing more.
@@ -171,22 +195,23 @@ class Forwarder:
             slot.close = "internal_error"
             slot.done.set()
 
-    async def _complete_one(self, plan: Forward, handles: Handles, slot: ResponseSlot, submitted_at: float) -> None:
+    async def _complete_one(self, plan: Forward, handles: Handles, slot: ResponseSlot, submitted_at: float) -> Reply | None:
         if not plan.expect_response:
             await self._sent(handles)
             self._unanswered.remove(handles)
             self._answer(slot, plan.header, None, handles)
-            return
+            return None
         reply, found = await self._reply(plan, handles, submitted_at)
         if reply is None:
             # No error code of this response can say a broker failed: close, as a broker would on its own failure.
             slot.close = "broker_answer"
             slot.done.set()
-            return
+            return None
         _count_errors(reply.errors)
         for (broker, locality), n in reply.fetched.items():
             metrics.FETCH_BYTES.labels(str(broker), locality).inc(n)
         self._answer(slot, plan.header, reply.body, found.handles, found.answers, plan.route.shares_answers)
+        return reply
 
     async def _sent(self, handles: Handles) -> None:
         """Until each sub-request is written to its broker (or failed), at most the request timeout."""
@@ -204,7 +229,7 @@ class Forwarder:
             if found.watermarks:
                 # Before the merge: partitions still out report the watermarks last seen.
                 self._apply([RememberWatermarks(found.watermarks)])
-            reply = self._merge(plan, found)
+            reply = _merge(plan, found, self.dispatcher.shares(plan), self.client)
             if (reply is None or reply.broker_failed) and ANY_BROKER in plan.subs and plan.route.read_only:
                 # Any broker can answer this, and asking again changes nothing: one
                 # broker's failure is not worth the client's (a Metadata answer has
@@ -213,37 +238,13 @@ class Forwarder:
                 if again is not None:
                     used.append(again)
                     found = await self.dispatcher.answers(plan, again, trio.current_time())
-                    reply = self._merge(plan, found)
+                    reply = _merge(plan, found, self.dispatcher.shares(plan), self.client)
             if reply is not None:
                 self._apply(reply.effects)
             return reply, found
         finally:
             # The answers are merged (the response counts what it keeps of them) or not wanted.
             self.fetches.done_with(h for hs in used for h in hs.values() if isinstance(h, Pending))
-
-    def _merge(self, plan: Forward, found: Gathered) -> Reply | None:
-        shared = _shared_answer(found) if self.dispatcher.shares(plan) else None
-        if shared is not None and shared.merged is not None and shared.merged[0] == plan.ctx.identity:
-            # Merged already for another client that waited for the same answer (1000 partitions'
-            # Metadata: 20 ms of decoding and encoding each); its effects are applied already.
-            first = shared.merged[1]
-            assert isinstance(first, Reply)
-            return dataclasses.replace(first, effects=[])
-        reply = self._merged(plan, found)
-        if shared is not None and reply is not None:
-            shared.merged = (plan.ctx.identity, reply)
-        return reply
-
-    def _merged(self, plan: Forward, found: Gathered) -> Reply | None:
-        reply: Reply | None = None
-        with undecodable.collect() as noted:  # answers the merge failed for not decoding: logged and counted
-            try:
-                reply = plan.merge(plan, found.answers)
-            except BrokerUnavailable as e:
-                log.info("client %s: %s (api_key=%s v%s)", self.client, e, plan.header.api_key, plan.header.api_version)
-        if noted:
-            report_undecodable(plan.header, found.answers, found.handles, noted)
-        return reply
 
     def _apply(self, effects: Iterable[Effect]) -> None:
         apply_effects(effects, self.cluster, self.links.coordinators, self.fetches)
@@ -268,6 +269,34 @@ class Forwarder:
         if slot.captured is not None and self.capture is not None:
             conn_id = f"{os.getpid()}-{self.client}"
             self.capture.offer(_capture_row(slot, h, conn_id, self.identity, handles or {}, answers or {}, shares_answers))
+
+
+def _merge(plan: Forward, found: Gathered, shares: bool, client: int) -> Reply | None:
+    """The client's reply from the answers found; ``shares``: the request may share another client's answer."""
+    shared = _shared_answer(found) if shares else None
+    whose = (plan.ctx.identity, plan.ctx.access)  # a client's own ACLs may have amended it
+    if shared is not None and shared.merged is not None and shared.merged[0] == whose:
+        # Merged already for another client that waited for the same answer (1000 partitions'
+        # Metadata: 20 ms of decoding and encoding each); its effects are applied already.
+        first = shared.merged[1]
+        assert isinstance(first, Reply)
+        return dataclasses.replace(first, effects=[])
+    reply = _merged(plan, found, client)
+    if shared is not None and reply is not None:
+        shared.merged = (whose, reply)
+    return reply
+
+
+def _merged(plan: Forward, found: Gathered, client: int) -> Reply | None:
+    reply: Reply | None = None
+    with undecodable.collect() as noted:  # answers the merge failed for not decoding: logged and counted
+        try:
+            reply = plan.merge(plan, found.answers)
+        except BrokerUnavailable as e:
+            log.info("client %s: %s (api_key=%s v%s)", client, e, plan.header.api_key, plan.header.api_version)
+    if noted:
+        report_undecodable(plan.header, found.answers, found.handles, noted)
+    return reply
 
 
 def _shared_answer(found: Gathered) -> Pending | None:

@@ -23,7 +23,8 @@ import trio
 
 from backends.cluster import Cluster
 from backends.links import LinkPool
-from proxy.core import Context, Forward, Identity, LocalReply, NeedCoordinators, Plan, Unsupported, plan_request
+from proxy.core import ClosesConnection, Context, Forward, Identity, LocalReply, NeedCoordinators, Plan, Unsupported, plan_request
+from proxy.core.acls import Access
 from proxy.core.routes import ROUTES
 from proxy.kafka import apis
 from proxy.kafka.headers import parse_request_header, peek_request
@@ -31,12 +32,13 @@ from proxy.kafka.schema import decode_body, request_spec
 from proxy.kafka.wire import Malformed
 from proxy.runtime.telemetry import ClientTelemetry, TelemetryClient
 from proxy.server.fetches import Fetches
+from proxy.server.governance import ClientGovernance
 
 log = logging.getLogger("kfan.connection")
 
 
-# What client telemetry reads of a connection's requests: ApiVersions (the client's software) and its own two.
-_TELEMETRY_SEEN = frozenset({apis.API_VERSIONS, apis.GET_TELEMETRY_SUBSCRIPTIONS, apis.PUSH_TELEMETRY})
+# What client telemetry answers of a connection's requests.
+_TELEMETRY_SEEN = frozenset({apis.GET_TELEMETRY_SUBSCRIPTIONS, apis.PUSH_TELEMETRY})
 
 
 class Unanswerable(Exception):
@@ -62,7 +64,10 @@ class Planner:
         client_identity: bool = False,
         telemetry: ClientTelemetry | None = None,
         principal: Callable[[], str] = str,
+        governed: ClientGovernance | None = None,
     ) -> None:
+        """``governed``: how the client's requests are judged (``--authorizer acls``; the ACLs may be reloaded
+        between requests) and whether the resources each names are wanted (the audit log)."""
         self.cluster = cluster
         self.links = links
         self.identity = identity
@@ -73,12 +78,18 @@ class Planner:
         self.client_identity = client_identity
         self.telemetry = telemetry
         self.principal = principal
+        self.access: Callable[[], Access | None] = governed.access if governed is not None else lambda: None
+        self.record_resources = governed is not None and governed.audit is not None
         self.software = ("", "")  # the client's software name and version, from its ApiVersions (v3+)
 
     async def plan(self, payload: bytes | memoryview) -> tuple[Context, LocalReply | Forward]:
         """Plan one request (the context it was planned with too); raises :class:`Unanswerable`."""
         try:
             return await self._plan(payload)
+        except ClosesConnection as e:
+            key, version, cid = peek_request(payload)
+            log.info("client %s: closing on request api_key=%s v%s correlation_id=%s: %s", self.client, key, version, cid, e)
+            raise Unanswerable(str(e)) from e
         except (Malformed, Unsupported) as e:
             key, version, cid = peek_request(payload)
             log.warning("client %s: closing on request api_key=%s v%s correlation_id=%s: %s", self.client, key, version, cid, e)
@@ -91,6 +102,8 @@ class Planner:
             raise Unanswerable("internal_error") from e
 
     async def _plan(self, payload: bytes | memoryview) -> tuple[Context, LocalReply | Forward]:
+        if (self.telemetry is not None or self.record_resources) and int.from_bytes(payload[:2], "big") == apis.API_VERSIONS:
+            self._read_software(payload)  # what telemetry subscriptions match on, and the audit log reports
         if self.telemetry is not None and (answered := self._telemetry(payload)) is not None:
             return self._context(), answered
         plan: Plan = plan_request(ctx := self._context(), payload)
@@ -105,21 +118,23 @@ class Planner:
         assert not isinstance(plan, NeedCoordinators)
         return ctx, plan
 
-    def _telemetry(self, payload: bytes | memoryview) -> LocalReply | None:
-        """Client telemetry (KIP-714), answered by kfan's; None for any other request (an ApiVersions is read for
-        the client's software name and version first, which subscriptions match on)."""
-        assert self.telemetry is not None
-        if int.from_bytes(payload[:2], "big") not in _TELEMETRY_SEEN:
-            return None  # the header is parsed once, by the planning that follows
+    def _read_software(self, payload: bytes | memoryview) -> None:
+        """The client's software name and version, from its ApiVersions (v3+)."""
         hdr = parse_request_header(payload)
-        route = ROUTES.get(hdr.api_key)
-        if hdr.api_key == apis.API_VERSIONS and hdr.known and hdr.api_version >= 3:
+        if hdr.known and hdr.api_version >= 3:
             try:
                 request = decode_body(request_spec(hdr.api_key, hdr.api_version), payload, hdr.body_offset, allow_trailing=True)
                 self.software = (request["client_software_name"], request["client_software_version"])
             except (Malformed, KeyError):
                 pass  # answered as any ApiVersions kfan cannot read
-            return None
+
+    def _telemetry(self, payload: bytes | memoryview) -> LocalReply | None:
+        """Client telemetry (KIP-714), answered by kfan's; None for any other request."""
+        assert self.telemetry is not None
+        if int.from_bytes(payload[:2], "big") not in _TELEMETRY_SEEN:
+            return None  # the header is parsed once, by the planning that follows
+        hdr = parse_request_header(payload)
+        route = ROUTES.get(hdr.api_key)
         if route is None or not route.telemetry or not hdr.known:
             return None
         served = self.cluster.api_versions.get(hdr.api_key)
@@ -150,4 +165,7 @@ class Planner:
             self.client_identity,
             self.fetches.share_sessions,
             cluster.features,
+            self.access(),
+            record_resources=self.record_resources,
+            auto_create_topics=cluster.auto_create_topics,
         )

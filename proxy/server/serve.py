@@ -27,7 +27,9 @@ from proxy.runtime.budget import MemoryPool
 from proxy.runtime.telemetry import ClientTelemetry
 from proxy.server.accept import serve_listeners
 from proxy.server.admission import serve_client
+from proxy.server.audit_topic import TopicSink
 from proxy.server.connection import Limits
+from proxy.server.governance import Governance
 from proxy.server.prelogin import PreLogin
 from proxy.server.registry import Connections
 from proxy.server.security_options import Security
@@ -51,6 +53,7 @@ class ServerConfig:
     capture: CaptureConfig | None = None
     security: Security = field(default_factory=Security)
     telemetry: ClientTelemetry | None = None  # client telemetry subscriptions (KIP-714), when configured
+    governance: Governance = field(default_factory=Governance)  # the ACLs kfan authorizes with, the audit log
 
 
 @dataclass
@@ -62,6 +65,7 @@ class Running:
     cluster: Cluster
     metrics_port: int | None = None
     connections: Connections = field(default_factory=Connections)
+    governance: Governance | None = None  # SIGHUP re-reads its ACL file and reopens its audit file
     _accepting: trio.CancelScope | None = None
 
     async def shutdown(self, timeout: float) -> None:
@@ -220,6 +224,13 @@ async def serve(config: ServerConfig, task_status: trio.TaskStatus[Running] = tr
         capture = Capture(config.capture) if config.capture is not None else None
         if capture is not None:
             nursery.start_soon(capture.run)
+        governance = config.governance
+        if governance.acl_file is not None:
+            nursery.start_soon(governance.acl_file.watch)
+        if governance.audit is not None:
+            if isinstance(governance.audit.sink, TopicSink):
+                governance.audit.sink.cluster = cluster
+            nursery.start_soon(governance.audit.run)
         host, port = config.listen
         listener = await _listen(host, port, config.reuse_port)
         bound = listener.socket.getsockname()[1]
@@ -241,7 +252,9 @@ async def serve(config: ServerConfig, task_status: trio.TaskStatus[Running] = tr
             tls=config.security.tls,
             auth=config.security.client_auth,
             telemetry=config.telemetry,
+            governance=governance if governance.acl_file is not None or governance.audit is not None else None,
         )
+        running.governance = governance
         task_status.started(running)
         async with trio.open_nursery() as clients:
             with trio.CancelScope() as running._accepting:

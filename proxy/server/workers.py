@@ -158,7 +158,13 @@ async def _supervise(options: dict[str, Any], port: int, metrics_dir: str) -> in
                 nursery.start_soon(watch, proc)
             async for signum in signals:
                 if signum == signal.SIGHUP:
-                    log.warning(IGNORED_SIGHUP)
+                    if options["authorizer"] == "acls" or options["audit_log"] is not None:
+                        log.info("received SIGHUP: passed on to the %d workers (ACL file, audit log)", n)
+                        for proc in procs:
+                            if proc.returncode is None:
+                                proc.send_signal(signal.SIGHUP)
+                    else:
+                        log.warning(IGNORED_SIGHUP)
                     continue
                 log.info("received %s, stopping %d workers", signal.Signals(signum).name, n)
                 stopping.set()

@@ -155,6 +155,10 @@ reach kfan, which re-reads the files.
 {{- else if $sasl.mechanism -}}
 {{- $v = append $v (dict "name" "broker-sasl-password" "secretName" $sasl.password.secretName "mountPath" $sasl.password.mountPath "files" (list $sasl.password.file)) -}}
 {{- end -}}
+{{- $authz := .Values.authorization -}}
+{{- if and (eq $authz.authorizer "acls") $authz.aclSecret.secretName -}}
+{{- $v = append $v (dict "name" "acls" "secretName" $authz.aclSecret.secretName "mountPath" $authz.aclSecret.mountPath "files" (list $authz.aclSecret.file)) -}}
+{{- end -}}
 {{- $auth := .Values.clientAuth -}}
 {{- if eq $auth.mode "sasl" -}}
 {{- with $auth.users -}}
@@ -275,6 +279,13 @@ KFAN_METRICS_LISTEN binds the parent's metrics port and dies.
   "KFAN_RACK" "rack (or rackFromNodeZone)"
   "KFAN_CONFIG" "configFile"
   "KFAN_TELEMETRY_SUBSCRIPTIONS" "telemetry.subscriptions"
+  "KFAN_AUTHORIZER" "authorization.authorizer"
+  "KFAN_ACL_FILE" "authorization.acls (or authorization.aclSecret)"
+  "KFAN_AUTHORIZER_LOG" "authorization.log"
+  "KFAN_AUDIT_LOG" "audit.log"
+  "KFAN_AUDIT_TOPIC" "audit.topic"
+  "KFAN_AUDIT_APIS" "audit.apis"
+  "KFAN_AUDIT_OVERFLOW" "audit.overflow"
   "KFAN_TLS_CERT" "tls"
   "KFAN_TLS_KEY" "tls"
   "KFAN_TLS_CLIENT_CA" "tls.clientCA"
@@ -301,7 +312,7 @@ KFAN_METRICS_LISTEN binds the parent's metrics port and dies.
   "KFAN_CLIENT_AUTH_MAX_RECEIVE_BYTES" "clientAuth.maxReceiveBytes"
   "KFAN_CLIENT_AUTH_TIMEOUT" "clientAuth.timeoutSeconds"
 -}}
-{{- $extraAllowed := list "KFAN_MAX_FRAME_BYTES" "KFAN_MAX_INFLIGHT" "KFAN_MAX_CONNECTION_BYTES" "KFAN_MAX_BUFFERED_BYTES" "KFAN_MAX_CONNECTIONS" "KFAN_MAX_HOLD" "KFAN_IDLE_TIMEOUT" "KFAN_FRAME_TIMEOUT" "KFAN_REQUEST_TIMEOUT" "KFAN_METADATA_REFRESH" "KFAN_CAPTURE" "KFAN_CAPTURE_SAMPLE" "KFAN_CAPTURE_RECORDS" "KFAN_VALIDATE_RECORDS" "KFAN_FETCH_AHEAD_BYTES" "KFAN_READ_REPLICA_MAX_AGE" "KFAN_MAX_UNAUTHENTICATED_PER_ADDRESS" "KFAN_MAX_UNAUTHENTICATED_BYTES" "KFAN_TELEMETRY_MAX_BYTES" "KFAN_TELEMETRY_MAX_CLIENT_INSTANCES" -}}
+{{- $extraAllowed := list "KFAN_MAX_FRAME_BYTES" "KFAN_MAX_INFLIGHT" "KFAN_MAX_CONNECTION_BYTES" "KFAN_MAX_BUFFERED_BYTES" "KFAN_MAX_CONNECTIONS" "KFAN_MAX_HOLD" "KFAN_IDLE_TIMEOUT" "KFAN_FRAME_TIMEOUT" "KFAN_REQUEST_TIMEOUT" "KFAN_METADATA_REFRESH" "KFAN_CAPTURE" "KFAN_CAPTURE_SAMPLE" "KFAN_CAPTURE_RECORDS" "KFAN_VALIDATE_RECORDS" "KFAN_FETCH_AHEAD_BYTES" "KFAN_READ_REPLICA_MAX_AGE" "KFAN_MAX_UNAUTHENTICATED_PER_ADDRESS" "KFAN_MAX_UNAUTHENTICATED_BYTES" "KFAN_TELEMETRY_MAX_BYTES" "KFAN_TELEMETRY_MAX_CLIENT_INSTANCES" "KFAN_ACL_FILE_CHECK" "KFAN_AUDIT_QUEUE_EVENTS" -}}
 {{- $env := dict
   "KFAN_BOOTSTRAP" (include "kfan.bootstrap" .)
   "KFAN_ADVERTISE" (include "kfan.advertise" .)
@@ -342,6 +353,8 @@ int() refuses that. */}}
   (list "KFAN_READ_REPLICA_MAX_AGE" "readReplicaMaxAgeSeconds" .Values.readReplicaMaxAgeSeconds "seconds")
   (list "KFAN_TELEMETRY_MAX_BYTES" "telemetry.maxBytes" .Values.telemetry.maxBytes "int")
   (list "KFAN_TELEMETRY_MAX_CLIENT_INSTANCES" "telemetry.maxClientInstances" .Values.telemetry.maxClientInstances "int")
+  (list "KFAN_ACL_FILE_CHECK" "authorization.checkSeconds" .Values.authorization.checkSeconds "seconds")
+  (list "KFAN_AUDIT_QUEUE_EVENTS" "audit.queueEvents" .Values.audit.queueEvents "int")
 }}
 {{- $tuned := dict }}
 {{- range $tuning }}
@@ -415,6 +428,34 @@ int() refuses that. */}}
 {{- $_ := set $env "KFAN_CLIENT_AUTH_FAILURE_DELAY" (toString $auth.failureDelaySeconds) }}
 {{- $_ := set $env "KFAN_CLIENT_AUTH_MAX_RECEIVE_BYTES" (toString (int $auth.maxReceiveBytes)) }}
 {{- $_ := set $env "KFAN_CLIENT_AUTH_TIMEOUT" (toString $auth.timeoutSeconds) }}
+{{- end }}
+{{- $authz := .Values.authorization }}
+{{- if eq $authz.authorizer "acls" }}
+{{- if and $authz.acls $authz.aclSecret.secretName }}
+{{- fail "authorization: set acls (inline, a ConfigMap) or aclSecret (a Secret), not both" }}
+{{- else if $authz.acls }}
+{{- $_ := set $env "KFAN_ACL_FILE" "/etc/kfan/config/acls.toml" }}
+{{- else if $authz.aclSecret.secretName }}
+{{- $_ := set $env "KFAN_ACL_FILE" (include "kfan.path" (list $authz.aclSecret.mountPath $authz.aclSecret.file)) }}
+{{- else }}
+{{- fail "authorization.authorizer acls needs the ACLs: authorization.acls (TOML) or authorization.aclSecret.secretName" }}
+{{- end }}
+{{- $_ := set $env "KFAN_AUTHORIZER" "acls" }}
+{{- $_ := set $env "KFAN_AUTHORIZER_LOG" $authz.log }}
+{{- end }}
+{{- $audit := .Values.audit }}
+{{- if and $audit.log $audit.topic }}
+{{- fail "audit: set log (a file, or - for stdout) or topic, not both" }}
+{{- end }}
+{{- if or $audit.log $audit.topic }}
+{{- with $audit.log }}
+{{- $_ := set $env "KFAN_AUDIT_LOG" . }}
+{{- end }}
+{{- with $audit.topic }}
+{{- $_ := set $env "KFAN_AUDIT_TOPIC" . }}
+{{- end }}
+{{- $_ := set $env "KFAN_AUDIT_APIS" (join "," $audit.apis) }}
+{{- $_ := set $env "KFAN_AUDIT_OVERFLOW" $audit.overflow }}
 {{- end }}
 {{- if .Values.telemetry.subscriptions }}
 {{- $_ := set $env "KFAN_TELEMETRY_SUBSCRIPTIONS" "/etc/kfan/config/telemetry.toml" }}

@@ -37,7 +37,7 @@ from cryptography.hazmat.primitives.asymmetric import rsa
 
 from tests.support.certs import Authority
 
-USERS = {"kfan": "kfan-secret", "alice": "alice-secret", "bob": "bob-secret"}
+USERS = {"kfan": "kfan-secret", "alice": "alice-secret", "bob": "bob-secret", "carol": "carol-secret"}
 SUPER_USERS = "User:kfan;User:ANONYMOUS"
 AUTHORIZER = "org.apache.kafka.metadata.authorizer.StandardAuthorizer"
 SCRAM = "SCRAM-SHA-512"
