@@ -231,6 +231,7 @@ class Cluster:
         read_replica_max_age: float = 300.0,
         client_logins: bool = False,
         client_telemetry: bool = False,
+        judges_clients: bool = False,
     ) -> None:
         """``rack``: kfan's own (--rack); ``read_replica_max_age``: how long a leader's preferred read replica is followed;
         ``client_logins``: kfan authenticates its clients, so it advertises the login APIs, which it answers itself."""
@@ -249,6 +250,7 @@ class Cluster:
         # The brokers' auto.create.topics.enable (Kafka's default until one says): whether a Metadata request
         # may create the topics it names, which decides how kfan's ACLs answer it.
         self.auto_create_topics = True
+        self._judges_clients = judges_clients  # kfan's ACLs judge its clients (--authorizer acls): it needs the above
         self.client_logins = client_logins
         self.client_telemetry = client_telemetry  # kfan answers client telemetry (KIP-714): it advertises those APIs
         # The coordinator of each group or transaction, as kfan's own identity finds it; connections
@@ -278,7 +280,8 @@ class Cluster:
             self.ready.set()
             task_status.started()
             nursery.start_soon(self._age_loop)
-            nursery.start_soon(self._read_auto_create)
+            if self._judges_clients:
+                nursery.start_soon(self._read_auto_create)
             await self.refresher.run()
 
     async def _read_auto_create(self) -> None:

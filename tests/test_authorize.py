@@ -14,6 +14,7 @@ import pytest
 
 from proxy.core import Context, Forward, LocalReply, Response, plan_request
 from proxy.core.acls import Access, AclBinding, Acls, Operation, PatternType, Permission, ResourceType
+from proxy.core.answers import error_codes
 from proxy.core.plan import ClosesConnection
 from proxy.core.routes import AUTHORIZE
 from proxy.kafka import apis, errors
@@ -49,14 +50,7 @@ def _ctx(acls: Acls | None, case: Any = None, **fields: Any) -> Context:
 
 
 def _codes(value: Any) -> set[int]:
-    if isinstance(value, dict):
-        out = {v for k, v in value.items() if k.endswith("error_code") and isinstance(v, int)}
-        for v in value.values():
-            out |= _codes(v)
-        return out
-    if isinstance(value, list):
-        return set().union(*(_codes(v) for v in value)) if value else set()
-    return set()
+    return set(error_codes(value))
 
 
 def _answered(case: Any, plan: Any) -> dict[str, Any]:

@@ -199,7 +199,13 @@ def _plan_and_merge_cpu(api_key: int, entries: int, tally: Tally, judged: bool =
 
     never_slow = {"hang_seconds": HUGE_HANG_S, "slow_seconds": math.inf}
     ok, plan = check(
-        tally, "plan_large", 0, reproducer, client_frames.ALLOWED, timed("plan", lambda: client_frames.plan_frame(request, judged)), **never_slow
+        tally,
+        "plan_large",
+        0,
+        reproducer,
+        client_frames.ALLOWED,
+        timed("plan", lambda: client_frames.plan_frame(request, judged)),
+        **never_slow,
     )
     if ok and isinstance(plan, Forward) and plan.subs:
         answers = mutate.valid_answers(plan, random.Random(1), lean=True)

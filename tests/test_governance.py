@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 import trio
-from confluent_kafka import KafkaError, KafkaException, Producer
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from proxy.runtime.audit import Audit, FileSink
@@ -246,3 +246,39 @@ def test_the_audit_file_takes_every_batch_whole(tmp_path: Path) -> None:
 
     trio.run(main)
     assert [json.loads(line)["n"] for line in path.read_text().splitlines()] == list(range(2500))
+
+
+def test_the_audit_log_goes_to_a_topic_on_the_cluster(tansu: Tansu) -> None:
+    """``--audit-topic``: each batch produced to the topic with kfan's own identity; read back from the cluster."""
+    audit_topic, topic = f"gov-audit-{uuid.uuid4().hex[:6]}", f"gov-{uuid.uuid4().hex[:8]}"
+    direct = AdminClient({"bootstrap.servers": tansu.bootstrap})
+    assert _create(direct, audit_topic) is None
+    with kfan_at(tansu.bootstrap, "--audit-topic", audit_topic) as k:
+        assert _create(AdminClient({"bootstrap.servers": k.bootstrap}), topic) is None
+        consumer = Consumer(
+            {"bootstrap.servers": tansu.bootstrap, "group.id": f"gov-{uuid.uuid4().hex[:6]}", "auto.offset.reset": "earliest"}
+        )
+        consumer.subscribe([audit_topic])
+        events: list[dict[str, Any]] = []
+
+        def created_logged() -> bool:
+            message = consumer.poll(1.0)
+            if message is not None and message.error() is None:
+                events.append(json.loads(message.value()))
+            return any(
+                e["event"] == "request" and e["api"] == "CreateTopics" and any(r["name"] == topic for r in e["resources"]) for e in events
+            )
+
+        try:
+            wait_for(
+                "the CreateTopics event on the audit topic",
+                created_logged,
+                60,
+                seen=lambda: f"events {events}; kfan: {''.join(k.log[-20:])}",
+            )
+        finally:
+            consumer.close()
+    (created,) = [e for e in events if e["event"] == "request" and e["api"] == "CreateTopics"]
+    assert created["authorization"] == "none" and created["principal"] == "User:ANONYMOUS"
+    assert {"type": "TOPIC", "name": topic, "operation": "CREATE"} in created["resources"]  # named, not judged
+    assert any(e["event"] == "connection.opened" for e in events)

@@ -32,7 +32,7 @@ from ..kafka.headers import RequestHeader
 from ..kafka.schema import Struct, StructSpec, decode_body, encode_body, request_spec, response_spec
 from ..kafka.wire import Parts
 from .acls import CLUSTER_NAME, Access, Decision, Operation, ResourceType
-from .answers import mirrored_entry
+from .answers import error_codes, mirrored_entry
 from .layout import TopicPartition
 from .plan import ClosesConnection, Context, Forward, LocalReply, Plan, Reply, Route
 
@@ -98,6 +98,14 @@ class Judge:
         if not a.acls.allows(a.principal, a.host, op, ResourceType.CLUSTER, CLUSTER_NAME):
             return False
         return self.allows(op, ResourceType.CLUSTER, CLUSTER_NAME)
+
+    def covered(self, op: Operation, resource_type: ResourceType, names: Iterable[str | None]) -> None:
+        """Resources a cluster-wide permission allowed (a shortcut taken): kept as allowed decisions, so that what a
+        request named is known (the audit log) whichever way it was allowed."""
+        for name in names:
+            if name is not None and (op, resource_type, name) not in self._made:
+                self._made[(op, resource_type, name)] = True
+                self.decisions.append(Decision(op, resource_type, name, True))
 
     def cluster(self, op: Operation) -> bool:
         return self.allows(op, ResourceType.CLUSTER, CLUSTER_NAME)
@@ -236,22 +244,9 @@ def _amending(merge: Callable[[Any, Any], Reply], verdict: Verdict) -> Callable[
 
 def _denials(value: Any) -> Counter[tuple[int, int]]:
     """The error codes kfan answered (strips' entries, or a whole body), as a reply counts them: by code, broker -1."""
-    out: Counter[tuple[int, int]] = Counter()
     if isinstance(value, list) and all(isinstance(s, Strip) for s in value):
-        for strip in value:
-            for entry in strip.answers.values():
-                out.update(_denials(entry))
-        return out
-    if isinstance(value, dict):
-        for k, v in value.items():
-            if k.endswith("error_code") and isinstance(v, int) and v:
-                out[(v, -1)] += 1
-            elif isinstance(v, dict | list):
-                out.update(_denials(v))
-    elif isinstance(value, list):
-        for v in value:
-            out.update(_denials(v))
-    return out
+        value = [entry for strip in value for entry in strip.answers.values()]
+    return Counter((code, -1) for code in error_codes(value) if code)
 
 
 def _decoded(hdr: RequestHeader, body: Parts) -> Struct:

@@ -126,6 +126,7 @@ def create_topics(v: Verdict, route: Route[Any], ctx: Context, hdr: RequestHeade
     if hdr.api_version >= 5:
         v.amend.append(lambda body: _created_configs(judge, body))
     if judge.cluster_shortcut(CREATE):
+        judge.covered(CREATE, TOPIC, (t["name"] for t in request["topics"]))
         return
     spec = array_spec(response_spec(hdr.api_key, hdr.api_version), "topics")
     answers = {
@@ -148,9 +149,11 @@ def _created_configs(judge: Any, body: Struct) -> Struct:
 
 def delete_topics(v: Verdict, route: Route[Any], ctx: Context, hdr: RequestHeader, request: Struct) -> None:
     judge = v.judge
-    if judge.cluster_shortcut(DELETE):
-        return
     by_name = hdr.api_version < 6
+    if judge.cluster_shortcut(DELETE):
+        names = request["topic_names"] if by_name else [t.get("name") or ctx.topology.topic_name(t["topic_id"]) for t in request["topics"]]
+        judge.covered(DELETE, TOPIC, names)
+        return
     entries = request["topic_names"] if by_name else request["topics"]
     spec = array_spec(response_spec(hdr.api_key, hdr.api_version), "responses")
     answers = {}

@@ -103,6 +103,9 @@ def _topics_by(op: Operation) -> Check:
 def offset_for_leader_epoch(v: Verdict, route: Route[Any], ctx: Context, hdr: RequestHeader, request: Struct) -> None:
     if not v.judge.cluster_shortcut(Operation.CLUSTER_ACTION):
         _refuse_partitions(v, route, ctx, hdr, request, DESCRIBE)
+    else:
+        layout = leader.layouts_of(route, hdr.api_version)[0]
+        v.judge.covered(DESCRIBE, TOPIC, (leader.topic_name(ctx.topology, key) for key, _ in layout.entries(request)))
 
 
 # --- metadata ------------------------------------------------------------------------------------------
@@ -380,13 +383,13 @@ def offset_delete(v: Verdict, route: Route[Any], ctx: Context, hdr: RequestHeade
         top_level(v, hdr, GAF)
     else:  # the coordinator is asked even with no topic left (it reports the group's own errors)
         _strip_topics(v, ctx, hdr, request, READ, "topics", forward_empty=True)
-        v.amend.append(_group_error_alone)
+        v.amend.append(group_error_alone)
 
 
-def _group_error_alone(body: Struct) -> Struct:
+def group_error_alone(body: Struct) -> Struct:
     """An error for the whole group is all a broker answers: the partitions' own are lost with it."""
     if body.get("error_code"):
-        body["topics"] = []
+        body["topics" if "topics" in body else "responses"] = []
     return body
 
 

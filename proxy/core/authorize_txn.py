@@ -13,7 +13,7 @@ from ..kafka.headers import RequestHeader
 from ..kafka.schema import Struct, response_spec
 from .acls import Operation
 from .authorize import Strip, Verdict, array_spec, blank_response, mirrored, response_body
-from .authorize_data import DESCRIBE, GAF, GROUP, INTERNAL_TOPICS, READ, TAF, TOPIC, TXAF, TXN, WRITE, ZERO_ID, top_level
+from .authorize_data import DESCRIBE, GAF, GROUP, INTERNAL_TOPICS, READ, TAF, TOPIC, TXAF, TXN, WRITE, ZERO_ID, group_error_alone, top_level
 from .plan import Context, Route
 
 
@@ -180,6 +180,8 @@ def _share_group_topics(v: Verdict, ctx: Context, hdr: RequestHeader, request: S
             answers[i] = mirrored(spec, t, TAF, topic_id=topic_id, error_message=errors_message(TAF))
     if answers:
         v.strips.append(Strip("topics", "responses", answers, forward_empty=True))
+    if not per_partition:
+        v.amend.append(group_error_alone)  # DeleteShareGroupOffsets: a group's error is all a broker answers
 
 
 _MESSAGES = {

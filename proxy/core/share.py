@@ -336,10 +336,12 @@ def merge(plan: Forward[SharePlan], answers: Answers) -> Reply:
     out["error_code"] = 0
     if lock_timeout is not None and "acquisition_lock_timeout" in out:
         out["acquisition_lock_timeout"] = lock_timeout
-    if refused and len(refused) == len(state.sent) and len({c for c, _ in refused.values()}) == 1:
-        # Every broker refused it alike (the group not authorized, say): the client's request is refused.
+    whole = refused and len(refused) == len(state.sent) and len({c for c, _ in refused.values()}) == 1
+    if whole:
+        # Every broker refused it alike (the group not authorized, say): the client's request is refused, with no
+        # partitions, as a broker answers a request it refuses whole.
         out["error_code"], out["error_message"] = next(iter(refused.values()))
-    out["responses"] = [{"topic_id": t, "partitions": ps} for t, ps in topics.items()]
+    out["responses"] = [] if whole else [{"topic_id": t, "partitions": ps} for t, ps in topics.items()]
     layout = Layout.of(spec, "responses", "partitions", "partition_index")
     effects.extend(identity.partitions(plan.ctx.identity, out, layout))
     out.setdefault("node_endpoints", [])

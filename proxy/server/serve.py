@@ -200,6 +200,7 @@ async def serve(config: ServerConfig, task_status: trio.TaskStatus[Running] = tr
         read_replica_max_age=config.read_replica_max_age_s,
         client_logins=config.security.client_auth is not None,
         client_telemetry=config.telemetry is not None,
+        judges_clients=config.governance.acl_file is not None,
     )
     for line in config.security.summary:
         log.info("security: %s", line)
@@ -254,7 +255,8 @@ async def serve(config: ServerConfig, task_status: trio.TaskStatus[Running] = tr
             telemetry=config.telemetry,
             governance=governance if governance.acl_file is not None or governance.audit is not None else None,
         )
-        running.governance = governance
+        if governance.acl_file is not None or governance.audit is not None:
+            running.governance = governance
         task_status.started(running)
         async with trio.open_nursery() as clients:
             with trio.CancelScope() as running._accepting:
