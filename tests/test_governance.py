@@ -23,6 +23,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 
 from proxy.runtime.audit import Audit, FileSink
 from proxy.security.users import add_user
+from proxy.server.governance import ClientGovernance, Governance
 from tests.support.kfan import Kfan, kfan_at
 from tests.support.metrics import http_get, metrics_port_in, parse_samples
 from tests.support.tansu import Tansu
@@ -282,3 +283,21 @@ def test_the_audit_log_goes_to_a_topic_on_the_cluster(tansu: Tansu) -> None:
     assert created["authorization"] == "none" and created["principal"] == "User:ANONYMOUS"
     assert {"type": "TOPIC", "name": topic, "operation": "CREATE"} in created["resources"]  # named, not judged
     assert any(e["event"] == "connection.opened" for e in events)
+
+
+async def test_a_client_certificate_is_an_authentication_in_the_audit_log() -> None:
+    """mTLS: the connection is authenticated by its certificate as it opens (SASL logins say so when they end)."""
+    sink = _Stalled()
+    sink.go.set()
+    audit = Audit(sink)
+    governed = ClientGovernance(Governance(audit=audit), 7, "10.0.0.7:5000", lambda: "CN=app,O=Org")
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(audit.run)
+        governed.connection_event("connection.opened", mechanism="mTLS")
+        governed.connection_event("connection.closed", reason="eof")
+        await trio.sleep(0.1)
+        nursery.cancel_scope.cancel()
+    events = [json.loads(line) for line in sink.lines]
+    assert [e["event"] for e in events] == ["connection.opened", "connection.authenticated", "connection.closed"]
+    assert {e["principal"] for e in events} == {"User:CN=app,O=Org"} and events[1]["mechanism"] == "mTLS"
+    assert events[2]["requests"] == 0 and events[2]["duration_s"] >= 0

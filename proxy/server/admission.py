@@ -27,6 +27,7 @@ from proxy.runtime import metrics
 from proxy.runtime.budget import MemoryPool
 from proxy.runtime.telemetry import ClientTelemetry
 from proxy.security.tls import ServerTLS, principal_of
+from proxy.server.audit_events import connection_event
 from proxy.server.client_auth import ClientAuthConfig
 from proxy.server.connection import ClientConnection, Limits
 from proxy.server.governance import Governance
@@ -93,6 +94,8 @@ async def _serve_admitted(
     if tls is not None:
         secured = await _tls_handshake(stream, tls, peer, limits.frame_timeout)
         if secured is None:
+            if governance is not None and governance.audit is not None:  # a refused certificate, for the audit log
+                governance.audit.offer("connection", connection_event("refused", 0, peer, None, mechanism="TLS", reason="tls_handshake"))
             return
         stream = secured
         principal = principal_of(secured.getpeercert())

@@ -192,3 +192,5 @@ class ClientGovernance:
         name, version = self.software
         details = {"client_id": self.client_id, "software_name": name or None, "software_version": version or None, **fields}
         self.audit.offer("connection", connection_event(event.removeprefix("connection."), self.connection, self.peer, who, **details))
+        if event == "connection.opened" and fields.get("mechanism") == "mTLS":  # its certificate authenticated it already
+            self.connection_event("connection.authenticated", mechanism="mTLS")
