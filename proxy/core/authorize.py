@@ -195,6 +195,11 @@ def response_body(hdr: RequestHeader, body: Struct) -> Parts:
     return encode_body(response_spec(hdr.api_key, hdr.api_version), body)
 
 
+def mirrored_reply(hdr: RequestHeader, request: Struct, code: int) -> Parts:
+    """Every entry the request names answered ``code`` (nothing named: an empty answer, as a broker gives)."""
+    return response_body(hdr, mirrored(response_spec(hdr.api_key, hdr.api_version), request, code))
+
+
 def blank_response(hdr: RequestHeader, **fields: Any) -> Struct:
     body = response_spec(hdr.api_key, hdr.api_version).blank()
     body.update(fields)

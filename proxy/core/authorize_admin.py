@@ -15,7 +15,7 @@ from ..kafka import apis, errors
 from ..kafka.headers import RequestHeader
 from ..kafka.schema import Struct, response_spec
 from .acls import Operation, ResourceType
-from .authorize import Strip, Verdict, array_spec, blank_response, mirrored, response_body
+from .authorize import Strip, Verdict, array_spec, blank_response, mirrored, mirrored_reply, response_body
 from .authorize_data import DELETE, DESCRIBE, GAF, GROUP, TAF, TOPIC, ZERO_ID, top_level
 from .authorize_txn import errors_message
 from .plan import Context, Route
@@ -53,8 +53,8 @@ def _each_entry(request_array: str, response_array: str, **fields: Any) -> Calla
     return answer
 
 
-def _mirrored_entries(v: Verdict, hdr: RequestHeader, request: Struct) -> None:
-    v.reply = response_body(hdr, mirrored(response_spec(hdr.api_key, hdr.api_version), request, CAF))
+def _every_entry(v: Verdict, hdr: RequestHeader, request: Struct) -> None:
+    v.reply = mirrored_reply(hdr, request, CAF)
 
 
 def _log_dirs(v: Verdict, hdr: RequestHeader, request: Struct) -> None:
@@ -251,7 +251,7 @@ CHECKS: dict[int, Any] = {
     apis.ALTER_PARTITION_REASSIGNMENTS: cluster_operation(ALTER, _reassignments),
     apis.LIST_PARTITION_REASSIGNMENTS: cluster_operation(DESCRIBE, _listed_reassignments),
     apis.DESCRIBE_CLIENT_QUOTAS: cluster_operation(DESCRIBE_CONFIGS, _quotas_described),
-    apis.ALTER_CLIENT_QUOTAS: cluster_operation(ALTER_CONFIGS, _mirrored_entries),
+    apis.ALTER_CLIENT_QUOTAS: cluster_operation(ALTER_CONFIGS, _every_entry),
     apis.DESCRIBE_USER_SCRAM_CREDENTIALS: cluster_operation(DESCRIBE, _scram_described),
     apis.ALTER_USER_SCRAM_CREDENTIALS: cluster_operation(ALTER, _scram_altered),
     apis.DESCRIBE_QUORUM: cluster_operation(DESCRIBE),

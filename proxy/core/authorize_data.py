@@ -21,7 +21,7 @@ from ..kafka.records import first_batch_transactional
 from ..kafka.schema import Struct, response_spec
 from . import leader
 from .acls import Operation, ResourceType
-from .authorize import NOT_REQUESTED, Judge, Strip, Verdict, array_spec, blank_response, mirrored, response_body
+from .authorize import NOT_REQUESTED, Judge, Strip, Verdict, array_spec, blank_response, mirrored, mirrored_reply, response_body
 from .plan import Context, Route
 from .topology import Topology
 
@@ -142,7 +142,8 @@ def metadata(v: Verdict, route: Route[Any], ctx: Context, hdr: RequestHeader, re
                 answers[i] = mirrored(spec, {}, TAF, name=name, topic_id=ZERO_ID, partitions=[], is_internal=name in INTERNAL_TOPICS)
         if answers:
             v.strips.append(Strip("topics", "topics", answers, forward_empty=True))
-    v.amend.append(partial(_metadata_answer, judge, hdr, request, listing))
+    if listing or request.get("include_topic_authorized_operations") or request.get("include_cluster_authorized_operations"):
+        v.amend.append(partial(_metadata_answer, judge, hdr, request, listing))  # else the answer stays undecoded
 
 
 def _metadata_answer(judge: Judge, hdr: RequestHeader, request: Struct, listing: bool, body: Struct) -> Struct:
@@ -227,16 +228,11 @@ def offset_commit(v: Verdict, route: Route[Any], ctx: Context, hdr: RequestHeade
     """OffsetCommit, TxnOffsetCommit: WRITE on the transactional id, READ on the group, READ on each topic."""
     txn = request.get("transactional_id")
     if txn is not None and not v.judge.allows(WRITE, TXN, txn):
-        v.reply = _mirrored_reply(hdr, request, TXAF)
+        v.reply = mirrored_reply(hdr, request, TXAF)
     elif not v.judge.allows(READ, GROUP, request["group_id"]):
-        v.reply = _mirrored_reply(hdr, request, GAF)
+        v.reply = mirrored_reply(hdr, request, GAF)
     else:
         _strip_topics(v, ctx, hdr, request, READ, "topics")  # nothing left: answered without the coordinator
-
-
-def _mirrored_reply(hdr: RequestHeader, request: Struct, code: int) -> Any:
-    """Every entry the request names answered ``code`` (nothing named: an empty answer, as a broker gives)."""
-    return response_body(hdr, mirrored(response_spec(hdr.api_key, hdr.api_version), request, code))
 
 
 def _strip_topics(

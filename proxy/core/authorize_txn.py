@@ -167,11 +167,14 @@ def _share_group_topics(v: Verdict, ctx: Context, hdr: RequestHeader, request: S
         return
     spec = array_spec(response_spec(hdr.api_key, hdr.api_version), "responses")
     answers = {}
+    ids: dict[str, Any] | None = None  # topic name -> id, made once if a topic is denied
     for i, t in enumerate(request["topics"]):
         name = t["topic_name"]
         if v.judge.allows(READ, TOPIC, name):
             continue
-        topic_id = next((tid for tid, n in ctx.topology.topic_ids.items() if n == name), ZERO_ID)
+        if ids is None:
+            ids = {n: tid for tid, n in ctx.topology.topic_ids.items()}
+        topic_id = ids.get(name, ZERO_ID)
         if per_partition:
             answers[i] = mirrored(spec, t, TAF, topic_id=topic_id)
             for p in answers[i]["partitions"]:

@@ -280,8 +280,8 @@ class Context:
     access: Access | None = None
     # Partitions the ACLs refused (a leader split answers them in place, sent to no broker).
     refused: Mapping[TopicPartition, int] = field(default_factory=dict)
-    # The resources each request names are wanted (the audit log), even with no ACLs to judge them by.
-    record_resources: bool = False
+    # The APIs whose requests' resources are wanted (the audit log's), even with no ACLs to judge them by.
+    record_resources: frozenset[int] = frozenset()
     # The brokers create the topics a Metadata request names (their auto.create.topics.enable).
     auto_create_topics: bool = True
 

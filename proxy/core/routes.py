@@ -314,7 +314,11 @@ def plan_request(ctx: Context, payload: bytes | memoryview) -> Plan:
         plan = planned(verdict, route, ctx, hdr, payload, request)
     else:
         plan = route.plan(route, ctx, hdr, payload, request)
-        if ctx.record_resources and not isinstance(plan, NeedCoordinators) and (check := AUTHORIZE.get(hdr.api_key)) is not None:
+        if (
+            hdr.api_key in ctx.record_resources
+            and not isinstance(plan, NeedCoordinators)
+            and (check := AUTHORIZE.get(hdr.api_key)) is not None
+        ):
             # Only the resources it names, for the audit log: everyone is allowed everything, the plan stays.
             named = Verdict(Judge(Access(EVERYONE, "", "")))
             check(named, route, ctx, hdr, request)

@@ -32,6 +32,7 @@ from proxy.runtime import metrics
 from proxy.runtime.audit import Audit
 from proxy.runtime.logtext import printable
 from proxy.server.audit_events import connection_event, request_event
+from proxy.server.ordering import ResponseSlot
 from proxy.server.prelogin import host_of
 
 log = logging.getLogger("kfan.authorizer")
@@ -169,7 +170,7 @@ class ClientGovernance:
         decisions: Sequence[Decision],
         errors: Mapping[tuple[int, int], int],
         bytes_in: int,
-        slot: Any,
+        slot: ResponseSlot,
     ) -> None:
         """The request's audit event, when its API is audited (``slot``: its answer, in the response order)."""
         if self.audit is None or not self.audit.audits(hdr.api_key):

@@ -79,7 +79,10 @@ class Planner:
         self.telemetry = telemetry
         self.principal = principal
         self.access: Callable[[], Access | None] = governed.access if governed is not None else lambda: None
-        self.record_resources = governed is not None and governed.audit is not None
+        audit = governed.audit if governed is not None else None
+        # Only the audited APIs' resources are named (by default not the data path's: no cost per Produce).
+        self.record_resources = frozenset(k for k in ROUTES if audit.audits(k)) if audit is not None else frozenset()
+        self.audited = audit is not None
         self.software = ("", "")  # the client's software name and version, from its ApiVersions (v3+)
 
     async def plan(self, payload: bytes | memoryview) -> tuple[Context, LocalReply | Forward]:
@@ -102,7 +105,7 @@ class Planner:
             raise Unanswerable("internal_error") from e
 
     async def _plan(self, payload: bytes | memoryview) -> tuple[Context, LocalReply | Forward]:
-        if (self.telemetry is not None or self.record_resources) and int.from_bytes(payload[:2], "big") == apis.API_VERSIONS:
+        if (self.telemetry is not None or self.audited) and int.from_bytes(payload[:2], "big") == apis.API_VERSIONS:
             self._read_software(payload)  # what telemetry subscriptions match on, and the audit log reports
         if self.telemetry is not None and (answered := self._telemetry(payload)) is not None:
             return self._context(), answered
