@@ -104,7 +104,7 @@ def test_state_clients_grow_stays_bounded_and_loses_nothing() -> None:
     kept for a client's next Fetch is dropped without being handed back or reported evicted."""
     tally = Tally()
     held_state.campaign(SEED, range(1000), tally)
-    assert min(tally.inputs[t] for t in (held_state.CACHE, held_state.INFLIGHT, held_state.SHARE)) == 1000
+    assert min(tally.inputs[t] for t in (held_state.CACHE, held_state.INFLIGHT, held_state.SHARE, held_state.QUOTAS)) == 1000
     _assert_clean(tally)
 
 

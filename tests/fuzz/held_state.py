@@ -16,6 +16,13 @@
   ShareFetch and ShareAcknowledge plans and merges (:mod:`proxy.core.share`),
   against random answers and moving leaders: every sub-request carries its
   broker session's epoch, and the session stays within its bounds.
+* ``client_quotas`` — clients of random users and client ids (some cycling
+  through thousands) recording random amounts at random times on
+  :class:`proxy.core.quotas.ClientQuotas`, its configuration replaced at random:
+  it never keeps more rates than its bound, and every throttle is finite, not
+  negative, and within the bound it was given. Each case also sets a throttle
+  time in a mutated broker answer (:func:`proxy.core.throttle.with_throttle`):
+  nothing is raised, and an answer that decodes says the longer throttle after.
 """
 
 from __future__ import annotations
@@ -43,15 +50,18 @@ from proxy.core import (
 )
 from proxy.core.fetch_wait import InflightFetches
 from proxy.core.plan import MAX_CACHED_KEY_CHARS, cacheable
+from proxy.core.quotas import DEFAULT, ClientQuotas, QuotaConfig, QuotaEntity, QuotaType
+from proxy.core.throttle import with_throttle
 from proxy.core.topology import Broker, Topology
 from proxy.kafka import apis, schema
 from proxy.kafka.schema import Struct
+from proxy.kafka.wire import Malformed
 from tests.support import golden
 from tests.support.core_inputs import keep_share_sessions
 
 from .harness import HANG_SECONDS, Broken, Tally, check
 
-CACHE, INFLIGHT, SHARE = "coordinator_cache", "inflight_fetches", "share_sessions"
+CACHE, INFLIGHT, SHARE, QUOTAS = "coordinator_cache", "inflight_fetches", "share_sessions", "client_quotas"
 _KEY_LENGTHS = (0, 1, 10, 255, MAX_CACHED_KEY_CHARS - 1, MAX_CACHED_KEY_CHARS, MAX_CACHED_KEY_CHARS + 1, 100_000, 2 * 1024 * 1024)
 
 
@@ -246,11 +256,66 @@ def _share_case(rng: random.Random) -> None:
                 raise Broken("a session holds more unrouted partitions than its bound")
 
 
+def _quota_config(rng: random.Random) -> QuotaConfig:
+    users = ("alice", "bob", DEFAULT, None)
+    clients = ("app", "c1", DEFAULT, None)
+    limits: dict[QuotaType, dict[QuotaEntity, float]] = {}
+    for kind in QuotaType:
+        for _ in range(rng.randrange(4)):
+            user, client_id = rng.choice(users), rng.choice(clients)
+            if user is None and client_id is None:
+                continue
+            limits.setdefault(kind, {})[QuotaEntity(user, client_id)] = rng.choice((1.0, 100.0, 1e6, 1e12))
+    return QuotaConfig(limits, burst_seconds=rng.choice((0.1, 1.0, 30.0)))
+
+
+def _quota_case(rng: random.Random) -> None:
+    bound = rng.choice((1, 4, 100))
+    quotas = ClientQuotas(_quota_config(rng), max_buckets=bound, expire_after=rng.choice((0.5, 3600.0)))
+    now = rng.uniform(0, 1e6)
+    for _ in range(rng.randrange(1, 300)):
+        if rng.random() < 0.05:
+            quotas.config = _quota_config(rng)
+        now += rng.choice((0.0, 0.001, 0.5, 5.0, 4000.0))
+        user = rng.choice(("alice", "bob", "ANONYMOUS", f"u{rng.randrange(10_000)}"))
+        client_id = rng.choice(("app", "c1", "", f"c{rng.randrange(10_000)}"))
+        kind = rng.choice(list(QuotaType))
+        most = rng.choice((None, 1.0))
+        usage = quotas.record(kind, user, client_id, rng.choice((0.0, 1.0, 1e3, 1e9, rng.uniform(0, 1e7))), now, most)
+        if usage is not None and not (0.0 <= usage.throttle < float("inf")):
+            raise Broken(f"throttle {usage.throttle}")
+        if usage is not None and most is not None and usage.throttle > most:
+            raise Broken(f"throttle {usage.throttle} past its bound {most}")
+        if len(quotas) > bound:
+            raise Broken(f"{len(quotas)} rates kept, bound {bound}")
+        cap = quotas.burst(kind, user, client_id)
+        if cap is not None and not cap > 0:
+            raise Broken(f"window cap {cap}")
+    api, version = rng.choice(((apis.FETCH, 12), (apis.PRODUCE, 9), (apis.API_VERSIONS, 3), (apis.OFFSET_DELETE, 0), (apis.METADATA, 12)))
+    spec = schema.response_spec(api, version)
+    body = bytearray(b"".join(schema.encode_body(spec, {**spec.blank(), "throttle_time": rng.choice((0, 5, 2**31 - 1))})))
+    for _ in range(rng.randrange(3)):
+        if body and rng.random() < 0.5:
+            body[rng.randrange(len(body))] = rng.randrange(256)
+        else:
+            del body[rng.randrange(len(body) + 1) :]
+    ms = rng.choice((1, 1000, 2**31 - 1))
+    parts: list[bytes | memoryview] = [bytes(body[:3]), memoryview(bytes(body[3:]))]
+    out = b"".join(bytes(p) for p in with_throttle(api, version, parts, ms))
+    try:
+        before = schema.decode_body(spec, bytes(body))
+    except Malformed:
+        return
+    after = schema.decode_body(spec, out)
+    if after["throttle_time"] != max(before["throttle_time"], ms) or {**after, "throttle_time": 0} != {**before, "throttle_time": 0}:
+        raise Broken("the answer changed beyond its throttle time")
+
+
 def campaign(seed: int | str, indexes: range, tally: Tally, hang_seconds: float = HANG_SECONDS, deadline: float | None = None) -> None:
     for i in indexes:
         if deadline is not None and time.monotonic() > deadline:
             return
-        for target, case in ((CACHE, _cache_case), (INFLIGHT, _inflight_case), (SHARE, _share_case)):
+        for target, case in ((CACHE, _cache_case), (INFLIGHT, _inflight_case), (SHARE, _share_case), (QUOTAS, _quota_case)):
             run_case(target, case, seed, i, tally, hang_seconds)
 
 
