@@ -9,7 +9,7 @@ import math
 import os
 import signal
 import sys
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -25,11 +25,13 @@ from proxy.server import config
 from proxy.server.audit_topic import TopicSink
 from proxy.server.config import parse_address, parse_addresses
 from proxy.server.connection import Limits
-from proxy.server.governance import AclFile, Governance
+from proxy.server.governance import AclFile, Governance, read_acls
 from proxy.server.prelogin import PreLoginLimits
+from proxy.server.quotas import Quotas, read_quotas
+from proxy.server.reload import Reloader
 from proxy.server.security_options import security_from
 from proxy.server.serve import Running, ServerConfig, serve
-from proxy.server.workers import IGNORED_SIGHUP, run_workers
+from proxy.server.workers import run_workers
 from proxy.tools import demo
 from proxy.tools.bench.options import add_arguments as add_bench_arguments
 
@@ -174,6 +176,30 @@ def _users_add(args: argparse.Namespace) -> int:
     return 0
 
 
+def _limits(options: Mapping[str, Any]) -> Limits:
+    return Limits(
+        max_frame_bytes=options["max_frame_bytes"],
+        max_inflight=options["max_inflight"],
+        max_connection_bytes=options["max_connection_bytes"],
+        request_timeout=options["request_timeout"],
+        max_hold=options["max_hold"],
+        idle_timeout=options["idle_timeout"],
+        frame_timeout=options["frame_timeout"],
+        max_buffered_bytes=options["max_buffered_bytes"],
+        max_connections=options["max_connections"],
+        validate_records=options["validate_records"] == "crc",
+        fetch_ahead_bytes=options["fetch_ahead_bytes"],
+        max_age=options["connection_max_age"],
+        max_age_jitter=options["connection_max_age_jitter"],
+        login=PreLoginLimits(
+            max_receive_bytes=options["client_auth_max_receive_bytes"],
+            timeout=options["client_auth_timeout"],
+            max_per_address=options["max_unauthenticated_per_address"],
+            max_bytes=options["max_unauthenticated_bytes"],
+        ),
+    )
+
+
 def _config(options: dict[str, Any], bootstrap: list[tuple[str, int]], reuse_port: bool = False) -> ServerConfig:
     return ServerConfig(
         bootstrap=bootstrap,
@@ -183,34 +209,18 @@ def _config(options: dict[str, Any], bootstrap: list[tuple[str, int]], reuse_por
         metadata_refresh_s=options["metadata_refresh"],
         rack=options["rack"] or "",
         read_replica_max_age_s=options["read_replica_max_age"],
-        limits=Limits(
-            max_frame_bytes=options["max_frame_bytes"],
-            max_inflight=options["max_inflight"],
-            max_connection_bytes=options["max_connection_bytes"],
-            request_timeout=options["request_timeout"],
-            max_hold=options["max_hold"],
-            idle_timeout=options["idle_timeout"],
-            frame_timeout=options["frame_timeout"],
-            max_buffered_bytes=options["max_buffered_bytes"],
-            max_connections=options["max_connections"],
-            validate_records=options["validate_records"] == "crc",
-            fetch_ahead_bytes=options["fetch_ahead_bytes"],
-            login=PreLoginLimits(
-                max_receive_bytes=options["client_auth_max_receive_bytes"],
-                timeout=options["client_auth_timeout"],
-                max_per_address=options["max_unauthenticated_per_address"],
-                max_bytes=options["max_unauthenticated_bytes"],
-            ),
-        ),
+        limits=_limits(options),
         metrics_listen=options["metrics_listen"],
         reuse_port=reuse_port,
         shutdown_timeout_s=options["shutdown_timeout"],
+        drain_period_s=options["drain_period"],
         capture=None
         if options["capture"] is None
         else CaptureConfig(options["capture"], sample=options["capture_sample"], records=options["capture_records"]),
         security=security_from(options),
         telemetry=_telemetry(options),
         governance=_governance(options),
+        quotas=Quotas(options["quota_file"]) if options["quota_file"] is not None else None,
     )
 
 
@@ -230,6 +240,25 @@ def _governance(options: dict[str, Any]) -> Governance:
         sink = FileSink(options["audit_log"]) if options["audit_log"] is not None else TopicSink(options["audit_topic"])
         audit = Audit(sink, options["audit_apis"], options["audit_queue_events"], block=options["audit_overflow"] == "block")
     return Governance(acl_file, options["authorizer_log"], audit)
+
+
+def _reconfigure(running: Running, options: Mapping[str, Any], changed: frozenset[str]) -> None:
+    """Apply reloaded options, once everything they name has been read and checked (raises, changing nothing)."""
+    limits = _limits(options)
+    security = security_from(options)
+    if options["quota_file"] is not None:
+        read_quotas(options["quota_file"])
+    if options["authorizer"] == "acls":
+        if options["acl_file"] is None:
+            raise ValueError("--authorizer acls needs --acl-file")
+        read_acls(options["acl_file"])
+    running.reconfigure(options, changed, limits, security)
+
+
+def _reloading(running: Running, options: Mapping[str, Any], flags: Mapping[str, Any], nursery: trio.Nursery) -> None:
+    """Reload the configuration on SIGHUP and when the --config file changes."""
+    running.reloader = Reloader(flags, dict(os.environ), options, lambda o, changed: _reconfigure(running, o, changed), adjust=_as_worker)
+    nursery.start_soon(running.reloader.watch)
 
 
 def _telemetry(options: dict[str, Any]) -> ClientTelemetry | None:
@@ -261,11 +290,14 @@ async def _until_signal(body: Callable[[trio.Nursery], Awaitable[Running | None]
             async def hear(signals: AsyncIterator[int]) -> None:
                 async for signum in signals:
                     if signum == signal.SIGHUP:
-                        if started and started[0] is not None and started[0].governance is not None:
-                            log.info("received SIGHUP: re-reading the ACL file and reopening the audit log (other settings need a restart)")
-                            started[0].governance.reopen()
-                        else:
-                            log.warning(IGNORED_SIGHUP)
+                        running = started[0] if started else None
+                        if running is None or running.reloader is None:
+                            log.warning("received SIGHUP while starting: ignored (send it again once kfan serves)")
+                            continue
+                        log.info("received SIGHUP: reloading the configuration")
+                        running.reloader.reload("SIGHUP")
+                        if running.governance is not None and running.governance.audit is not None:
+                            running.governance.audit.reopen()  # after logrotate moved it
                     else:
                         stop_send.send_nowait(f"received {signal.Signals(signum).name}")
 
@@ -275,7 +307,8 @@ async def _until_signal(body: Callable[[trio.Nursery], Awaitable[Running | None]
                 nursery.start_soon(watch_lifeline, stop_send)
             log.info("%s, stopping", await stop_receive.receive())
             if started and started[0] is not None:
-                await started[0].shutdown(shutdown_timeout)
+                running = started[0]
+                await running.shutdown(running.live.shutdown_timeout_s if running.live is not None else shutdown_timeout)
             nursery.cancel_scope.cancel()
 
 
@@ -307,20 +340,29 @@ def _listen_failure(e: BaseException) -> ListenFailed | None:
     return None
 
 
-def _serve(options: dict[str, Any]) -> int:
+def _as_worker(options: dict[str, Any]) -> dict[str, Any]:
+    """A worker of `--workers N` serves no metrics (its parent does), whatever its config file says."""
+    if os.environ.get("KFAN_WORKER") is None:
+        return options
+    return {**options, "metrics_listen": None, "workers": 1}
+
+
+def _serve(options: dict[str, Any], flags: Mapping[str, Any]) -> int:
     if not options["bootstrap"]:
         raise SystemExit("kfan serve: --bootstrap (or KFAN_BOOTSTRAP, or bootstrap in the config file) is required")
+    options = _as_worker(options)
     try:
         # Checked here, before any worker starts: a bad combination is one message, not N.
-        config = _config(options, options["bootstrap"], reuse_port=os.environ.get("KFAN_WORKER") is not None)
+        config = _config(options, options["bootstrap"], reuse_port=options["reuse_port"] or os.environ.get("KFAN_WORKER") is not None)
     except (OSError, ValueError) as e:
         raise SystemExit(f"kfan serve: {e}") from None
     if options["workers"] > 1:
         with _exit_if_listen_fails("serve"):
-            return run_workers(options)
+            return run_workers(options, flags)
 
     async def body(nursery: trio.Nursery) -> Running:
         running: Running = await nursery.start(serve, config)
+        _reloading(running, options, flags, nursery)
         settle_heap()
         print(
             f"kfan: serving on {running.identity.host}:{running.identity.port}, {len(running.cluster.topology.brokers)} brokers behind it",
@@ -341,7 +383,7 @@ def settle_heap() -> None:
     gc.freeze()
 
 
-def _demo(options: dict[str, Any]) -> int:
+def _demo(options: dict[str, Any], flags: Mapping[str, Any]) -> int:
     async def run() -> None:
         async with demo.BrokerProcess(demo.DEMO_BROKERS, [demo.DEMO_TOPIC], log_json=options["log_json"]) as brokers:
             config = _config(options, parse_addresses(brokers.bootstrap))
@@ -349,6 +391,7 @@ def _demo(options: dict[str, Any]) -> int:
             async def body(nursery: trio.Nursery) -> Running:
                 nursery.start_soon(brokers.watch)
                 running: Running = await nursery.start(serve, config)
+                _reloading(running, options, flags, nursery)
                 settle_heap()
                 demo.print_banner(f"{running.identity.host}:{running.identity.port}", running.cluster.topology.leaders.get("demo", {}))
                 return running
@@ -388,7 +431,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         raise SystemExit(f"kfan {args.command}: {e}") from None
     setup_logging(options["log_level"], options["log_json"])
     ignore_sighup()
-    return {"serve": _serve, "demo": _demo}[args.command](options)
+    return {"serve": _serve, "demo": _demo}[args.command](options, vars(args))
 
 
 if __name__ == "__main__":

@@ -38,6 +38,7 @@ from proxy.cli import build_parser
 from proxy.runtime.telemetry import load_subscriptions
 from proxy.server.config import OPTIONS, resolve
 from proxy.server.governance import read_acls
+from proxy.server.quotas import read_quotas
 from tests.support.certs import Authority
 from tests.support.kfan import SERVING
 from tests.support.processes import follow_output, free_port, stop_process
@@ -647,6 +648,8 @@ LIMITS: tuple[tuple[str, str, int | float, str], ...] = (
     ("limits.maxHoldSeconds", "KFAN_MAX_HOLD", 0, "0"),
     ("limits.idleTimeoutSeconds", "KFAN_IDLE_TIMEOUT", 540.5, "540.5"),
     ("limits.frameTimeoutSeconds", "KFAN_FRAME_TIMEOUT", 12, "12"),
+    ("limits.connectionMaxAgeSeconds", "KFAN_CONNECTION_MAX_AGE", 3600, "3600"),
+    ("limits.connectionMaxAgeJitterSeconds", "KFAN_CONNECTION_MAX_AGE_JITTER", 300, "300"),
     ("kafka.metadataRefreshSeconds", "KFAN_METADATA_REFRESH", 10, "10"),
     ("readReplicaMaxAgeSeconds", "KFAN_READ_REPLICA_MAX_AGE", 0.25, "0.25"),
     ("telemetry.maxBytes", "KFAN_TELEMETRY_MAX_BYTES", 65536, "65536"),
@@ -858,6 +861,7 @@ def test_grace_period_covers_the_prestop_sleep_and_kfans_drain() -> None:
         (BASE | {"shutdownTimeoutSeconds": 60}, 5 + 60 + 5),
         (BASE | {"shutdownTimeoutSeconds": 9.2, "preStopSleepSeconds": 0}, 0 + 10 + 5),
         (BASE | {"terminationGracePeriodSeconds": 120}, 120),
+        (BASE | {"drainPeriodSeconds": 9.5}, 5 + 11 + 25 + 5),
     ):
         docs = render(values)
         pod = one(docs, "Deployment")["spec"]["template"]["spec"]
@@ -867,7 +871,8 @@ def test_grace_period_covers_the_prestop_sleep_and_kfans_drain() -> None:
         sleep = values.get("preStopSleepSeconds", 5)
         hook = pod["containers"][0].get("lifecycle", {}).get("preStop")
         assert (hook["exec"]["command"] == ["sleep", str(sleep)]) if sleep else hook is None
-        assert grace >= sleep + drain + 5
+        assert float(kfan_env(docs)["KFAN_DRAIN_PERIOD"]) == values.get("drainPeriodSeconds", 0)
+        assert grace >= sleep + values.get("drainPeriodSeconds", 0) + drain + 5
     with pytest.raises(helm.HelmRenderError, match="terminationGracePeriodSeconds 30 is shorter than kfan's shutdown"):
         render(BASE | {"terminationGracePeriodSeconds": 30})
 
@@ -1262,3 +1267,18 @@ def test_telemetry_subscriptions_are_a_file_in_the_pod_that_kfan_reads(tmp_path:
     assert load_subscriptions(tmp_path / "telemetry.toml")[0].metrics == ("*",)
     # Without subscriptions, kfan does not serve client telemetry.
     assert "KFAN_TELEMETRY_SUBSCRIPTIONS" not in kfan_env(render(BASE))
+
+
+def test_quotas_are_a_file_in_the_pod_that_kfan_reads(tmp_path: Path) -> None:
+    quotas = '[[quotas]]\nuser = "<default>"\nproducer_byte_rate = 1048576\n'
+    docs = render(BASE | {"quotas": quotas})
+    assert kfan_env(docs)["KFAN_QUOTA_FILE"] == "/etc/kfan/config/quotas.toml"
+    (files,) = [d for d in docs if d["kind"] == "ConfigMap" and d["metadata"]["name"].endswith("-file")]
+    assert files["data"] == {"quotas.toml": quotas}
+    assert any(m["name"] == "config" and m["mountPath"] == "/etc/kfan/config" for m in container(docs)["volumeMounts"])
+    (tmp_path / "quotas.toml").write_text(files["data"]["quotas.toml"])
+    assert len(read_quotas(tmp_path / "quotas.toml")) == 1  # what kfan reads, it takes
+    # No quotas: no file, no option.
+    docs = render(BASE)
+    assert "KFAN_QUOTA_FILE" not in kfan_env(docs)
+    assert not [d for d in docs if d["kind"] == "ConfigMap" and d["metadata"]["name"].endswith("-file")]

@@ -181,7 +181,7 @@ def test_sighup_reopens_the_audit_log_after_logrotate_moved_it(governed: tuple[K
     rotated = audit.with_suffix(".1")
     os.replace(audit, rotated)
     os.kill(k.pid, signal.SIGHUP)
-    wait_for("the SIGHUP heard", lambda: any("received SIGHUP: re-reading the ACL file" in line for line in k.log), 20)
+    wait_for("the SIGHUP heard", lambda: any("received SIGHUP: reloading the configuration" in line for line in k.log), 20)
     assert _create(AdminClient(_config(k, "alice")), f"gov-{uuid.uuid4().hex[:8]}") is None
     wait_for(
         "a new audit file",

@@ -6,7 +6,7 @@ Each test runs the real `kfan serve` (tests/support/kfan.py) in front of a
 * the whole cluster down while clients produce: kfan backs off reconnecting
   (:mod:`backends.backoff`), so its connection attempts and log lines are
   bounded by the backoff's arithmetic, not by the clients' request rate;
-* SIGHUP is ignored with one line (a reload comes with a later issue);
+* SIGHUP reloads the configuration (nothing changed: generation 1) and keeps every connection;
 * SIGKILL of a ``--workers`` parent: its workers see their lifeline close and exit;
 * an address in use: one line naming it and the OS error, no traceback, exit 1.
 """
@@ -142,19 +142,19 @@ def test_an_outage_of_every_broker_costs_a_bounded_number_of_attempts_and_lines(
         assert len(lines) <= tried + 40, "".join(lines[-40:])
 
 
-def test_sighup_is_ignored_with_one_line() -> None:
+def test_sighup_reloads_the_configuration_and_keeps_every_connection() -> None:
     with MockCluster() as c:
         topic = new_topic(c)
         with kfan_on(c) as k, RawClient(k.address) as client:
             assert produce_codes(client, topic) == {errors.NONE}
             start = len(k.log)
             os.kill(k.pid, signal.SIGHUP)
-            wait_for_line(k.log, r"received SIGHUP: ignored", start=start)
+            wait_for_line(k.log, r"SIGHUP: configuration generation 1 \(nothing changed\)", start=start)
             assert produce_codes(client, topic) == {errors.NONE}, "the connection was kept and is served"
             with RawClient(k.address) as other:
                 assert produce_codes(other, topic) == {errors.NONE}, "new connections are served"
             assert k.alive()
-            assert sum("SIGHUP" in line for line in k.log[start:]) == 1, "".join(k.log[start:])
+            assert sum("SIGHUP" in line for line in k.log[start:]) == 2, "".join(k.log[start:])  # heard, and its result
 
 
 def _gone(pid: int) -> bool:
@@ -176,7 +176,8 @@ def test_workers_exit_when_their_parent_is_killed() -> None:
             line = wait_for_line(k.log, r"2 workers \(pids \[(\d+), (\d+)\]\)")
             pids += [int(line.group(1)), int(line.group(2))]
             os.kill(k.pid, signal.SIGHUP)
-            wait_for_line(k.log, r"received SIGHUP: ignored")
+            wait_for_line(k.log, r"received SIGHUP: passed on to the 2 workers")
+            wait_for_line(k.log, r"SIGHUP: configuration generation 1")  # a worker's
             with RawClient(k.address) as client:
                 assert produce_codes(client, topic) == {errors.NONE}, "the workers serve after a SIGHUP to their parent"
             k.process.kill()

@@ -67,6 +67,11 @@ def plan(route: Route[FetchForward], ctx: Context, hdr: RequestHeader, payload: 
         return LocalReply(hdr, True, _session_error(hdr))
     rewritten = request.get("session_id", 0) != 0 or request.get("session_epoch", -1) != -1
     request = {**request, "session_id": 0, "session_epoch": -1, "forgotten_topics_data": []}
+    cap = ctx.fetch_quota_bytes(hdr.client_id)
+    if cap is not None and request.get("max_bytes", cap) > cap:
+        # Over a fetch quota's window an answer is throttled for sure: ask no more than it allows (as a broker does).
+        request["max_bytes"] = cap
+        rewritten = True
     unusable: set[ReadReplicaKey] = set()
     prefer = None
     if "rack_id" in request:  # v11+ (KIP-392)

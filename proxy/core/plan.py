@@ -235,6 +235,10 @@ def _no_read_replica(key: ReadReplicaKey) -> int | None:
     return None
 
 
+def _no_fetch_cap(client_id: str | None) -> int | None:
+    return None
+
+
 @dataclass(frozen=True, slots=True)
 class Features:
     """The cluster's features (KIP-584) as ApiVersions v3+ reports them: what the brokers support, and the levels
@@ -284,6 +288,8 @@ class Context:
     record_resources: frozenset[int] = frozenset()
     # The brokers create the topics a Metadata request names (their auto.create.topics.enable).
     auto_create_topics: bool = True
+    # The most bytes a Fetch of this client id may ask for (its fetch quota's window; None: no cap).
+    fetch_quota_bytes: Callable[[str | None], int | None] = _no_fetch_cap
 
 
 @dataclass(slots=True)

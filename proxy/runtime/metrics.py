@@ -55,7 +55,7 @@ CLIENT_CLOSES = Counter(
     "kfan_client_connections_closed",
     "Client connections kfan closed itself, by reason (malformed, unsupported, idle_timeout, frame_timeout, "
     "broker_answer, internal_error, max_connections, tls_handshake, tls_on_plaintext, unauthenticated, authentication_failed, "
-    "unsupported_sasl_mechanism, illegal_sasl_state, session_expired)",
+    "unsupported_sasl_mechanism, illegal_sasl_state, session_expired, max_age, drain)",
     ["reason"],
 )
 INVALID_BATCHES = Counter(
@@ -115,6 +115,37 @@ AUDIT_DROPPED = Counter(
     "kfan_audit_dropped", "Audit events dropped because the audit sink lagged (--audit-overflow drop), by kind", ["kind"]
 )
 AUDIT_QUEUED = Gauge("kfan_audit_queued_events", "Audit events waiting to be written", multiprocess_mode="livesum")
+QUOTA_THROTTLE = Counter(
+    "kfan_quota_throttle_seconds",
+    "Throttle time kfan gave clients over a quota, by quota (producer_byte_rate, consumer_byte_rate, request_percentage) "
+    'and the entity whose rate it is (user, client_id; "" when the rate is not kept by it, <other> past the label bound)',
+    ["quota", "user", "client_id"],
+)
+QUOTA_THROTTLED = Counter(
+    "kfan_quota_throttled_requests",
+    "Requests answered with a throttle time by kfan's quotas, by quota and entity",
+    ["quota", "user", "client_id"],
+)
+QUOTA_USAGE = Counter(
+    "kfan_quota_usage",
+    "What clients with a quota used, by quota and entity: bytes (producer_byte_rate, consumer_byte_rate), "
+    "or kfan's CPU seconds on their requests (request_percentage); its rate() is the entity's byte rate or CPU share",
+    ["quota", "user", "client_id"],
+)
+CONFIG_GENERATION = Gauge(
+    "kfan_config_generation",
+    "The configuration in force: 1 at start, one more at each reload that changed something",
+    multiprocess_mode="max",
+)
+CONFIG_RELOADS = Counter("kfan_config_reloads", "Configuration reloads (SIGHUP, a changed --config file), by result", ["result"])
+CONFIG_LAST_RELOAD = Gauge(
+    "kfan_config_last_reload_timestamp_seconds",
+    "When the configuration was last reloaded with each result",
+    ["result"],
+    multiprocess_mode="max",
+)
+QUOTA_ENTITIES = Gauge("kfan_quota_rates", "Client rates kfan keeps against quotas (one per quota and entity)", multiprocess_mode="livesum")
+QUOTA_ENTRIES = Gauge("kfan_quota_entries", "Quota entries in force (one per quota type and entity)", multiprocess_mode="max")
 
 
 class ListenFailed(Exception):

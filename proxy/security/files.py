@@ -1,6 +1,7 @@
 """A file whose contents kfan keeps current: certificates, keys, passwords,
-tokens and the users file are re-read when they change on disk (a rotated
-Kubernetes Secret swaps a symlink), without a restart.
+tokens, the users and quota files are re-read when they change on disk (a
+rotated Kubernetes Secret swaps a symlink), without a restart; and the reading
+of kfan's TOML files, with the errors an operator is shown.
 """
 
 from __future__ import annotations
@@ -8,9 +9,10 @@ from __future__ import annotations
 import logging
 import os
 import time
+import tomllib
 from collections.abc import Callable
 from pathlib import Path
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 T = TypeVar("T")
 log = logging.getLogger("kfan.security")
@@ -57,6 +59,19 @@ class WatchedFile(Generic[T]):
         """Changes whenever a new version was loaded."""
         self.value()
         return self._stamp
+
+
+def read_toml(path: Path, parse: Callable[[dict[str, Any]], T], invalid: type[Exception]) -> T:
+    """``parse`` of a TOML file's document; raises :class:`ValueError` naming the file and what is wrong with it
+    (unreadable, not TOML, or ``parse`` raised ``invalid``)."""
+    try:
+        return parse(tomllib.loads(path.read_text(encoding="utf-8")))
+    except OSError as e:
+        raise ValueError(f"{path}: {e.strerror or e}") from None
+    except tomllib.TOMLDecodeError as e:
+        raise ValueError(f"{path}: not TOML: {e}") from None
+    except invalid as e:
+        raise ValueError(f"{path}: {e}") from None
 
 
 def read_secret(path: Path) -> str:

@@ -32,6 +32,7 @@ from proxy.server.client_auth import ClientAuthConfig
 from proxy.server.connection import ClientConnection, Limits
 from proxy.server.governance import Governance
 from proxy.server.prelogin import Admitted, PreLogin, host_of
+from proxy.server.quotas import Quotas
 from proxy.server.registry import Connections
 
 log = logging.getLogger("kfan.connection")
@@ -52,6 +53,7 @@ async def serve_client(
     prelogin: PreLogin | None = None,
     telemetry: ClientTelemetry | None = None,
     governance: Governance | None = None,
+    quotas: Quotas | None = None,
 ) -> None:
     if registry is not None and len(registry) >= limits.max_connections:
         # As a broker over max.connections: the new connection is closed at once.
@@ -70,7 +72,9 @@ async def serve_client(
         await trio.aclose_forcefully(stream)
         return
     try:
-        await _serve_admitted(stream, cluster, identity, limits, registry, capture, pool, tls, auth, peer, admitted, telemetry, governance)
+        await _serve_admitted(
+            stream, cluster, identity, limits, registry, capture, pool, tls, auth, peer, admitted, telemetry, governance, quotas
+        )
     finally:
         admitted.leave()
 
@@ -89,6 +93,7 @@ async def _serve_admitted(
     admitted: Admitted,
     telemetry: ClientTelemetry | None,
     governance: Governance | None,
+    quotas: Quotas | None,
 ) -> None:
     principal = None
     if tls is not None:
@@ -117,6 +122,7 @@ async def _serve_admitted(
         admitted=admitted,
         telemetry=telemetry,
         governance=governance,
+        quotas=quotas,
     )
     log.debug("client %s connected from %s", conn.id, peer)
     metrics.CLIENT_CONNECTIONS.inc()

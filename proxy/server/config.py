@@ -91,6 +91,13 @@ OPTIONS: tuple[Option, ...] = (
     Option("node-id", int, 0, "the node id kfan reports as its own", "N"),
     Option("metrics-listen", parse_address, None, "HTTP listener for /metrics, /healthz, /readyz (default: none)", "HOST:PORT"),
     Option("workers", int, 1, "processes serving the same port (SO_REUSEPORT)", "N"),
+    Option(
+        "reuse-port",
+        _bool,
+        False,
+        "let other kfan processes on this host listen on the same port (SO_REUSEPORT; the kernel spreads new connections)",
+        "BOOL",
+    ),
     Option("max-frame-bytes", int, 100 * 1024 * 1024, "largest request accepted; a larger size prefix closes the connection", "BYTES"),
     Option("max-inflight", int, 256, "requests in flight per client connection before kfan stops reading", "N"),
     Option(
@@ -142,6 +149,29 @@ OPTIONS: tuple[Option, ...] = (
     ),
     Option("shutdown-timeout", float, 25.0, "on SIGTERM, seconds to finish in-flight requests before closing", "SECONDS"),
     Option(
+        "connection-max-age",
+        float,
+        0.0,
+        "close a client connection older than this at a safe point (nothing in flight), so clients reconnect through "
+        "the load balancer to any replica (0: never)",
+        "SECONDS",
+    ),
+    Option(
+        "connection-max-age-jitter",
+        float,
+        0.0,
+        "each connection's max age is --connection-max-age plus a random part up to this, so reconnects spread out",
+        "SECONDS",
+    ),
+    Option(
+        "drain-period",
+        float,
+        0.0,
+        "on SIGTERM, close client connections at safe points spread over this many seconds before the shutdown "
+        "(0: all at once, after answering what they sent)",
+        "SECONDS",
+    ),
+    Option(
         "validate-records",
         _choice("crc", "off"),
         "crc",
@@ -188,6 +218,15 @@ OPTIONS: tuple[Option, ...] = (
         "drop",
         "when the audit queue is full: drop (counted, logged) or block the client",
         "drop|block",
+    ),
+    # --- client quotas (KIP-13, KIP-124, KIP-219)
+    Option(
+        "quota-file",
+        Path,
+        None,
+        "client quotas (TOML, see README: producer_byte_rate, consumer_byte_rate, request_percentage per user and client id), "
+        "enforced by each kfan process as by each broker; re-read when it changes",
+        "FILE",
     ),
     # --- TLS to clients
     Option("tls-cert", Path, None, "serve TLS to clients with this certificate chain (PEM); re-read when it changes", "FILE"),

@@ -38,6 +38,7 @@ from __future__ import annotations
 import itertools
 import logging
 import math
+import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -63,6 +64,7 @@ from proxy.server.forwarder import Forwarder, Unanswerable
 from proxy.server.governance import ClientGovernance, Governance
 from proxy.server.ordering import ResponseOrderer, ResponseSlot
 from proxy.server.prelogin import Admitted, PreLogin, PreLoginLimits, host_of
+from proxy.server.quotas import ClientThrottle, Quotas
 from proxy.server.token_identity import TokenIdentity
 
 log = logging.getLogger("kfan.connection")
@@ -84,6 +86,8 @@ class Limits:
     max_connections: int = 10_000
     validate_records: bool = True  # --validate-records crc: bad produced batches stop at kfan
     fetch_ahead_bytes: int = 16 * 1024 * 1024  # records sub-fetches sent ahead may bring in, per connection
+    max_age: float = 0.0  # --connection-max-age: close at a safe point once older (0: never)
+    max_age_jitter: float = 0.0  # a random part up to this, added to each connection's max age
     login: PreLoginLimits = field(default_factory=PreLoginLimits)  # what a connection not logged in yet may hold
 
 
@@ -114,9 +118,29 @@ class _Receiver:
         self._draining = trio.Event()
         self._receiving: trio.CancelScope | None = None
         self.login_deadline = math.inf  # a connection not logged in by then is closed
+        self.expires_at = math.inf  # past it, the connection is closed when nothing is in flight (max age, drain)
+        self.expiry_reason = "max_age"
 
     def drain(self) -> None:
         self._draining.set()
+        if self._receiving is not None:
+            self._receiving.cancel()
+
+    async def pause_until(self, deadline: float) -> bool:
+        """Read nothing until ``deadline`` (a throttled client); False when draining. The wait counts against
+        neither the idle nor the frame deadline."""
+        with trio.CancelScope(deadline=deadline) as self._receiving:
+            await self._draining.wait()
+        self._receiving = None
+        now = trio.current_time()
+        self.last_active = now
+        if self.partial:
+            self._frame_started = now
+        return not self._draining.is_set()
+
+    def expire_by(self, deadline: float) -> None:
+        """Close the connection at its first safe point after ``deadline`` (the receiver looks again now)."""
+        self.expires_at = deadline
         if self._receiving is not None:
             self._receiving.cancel()
 
@@ -139,6 +163,8 @@ class _Receiver:
         limits = self.limits
         while not self._draining.is_set():
             deadline = self._frame_started + limits.frame_timeout if self.partial else self.last_active + limits.idle_timeout
+            if not self.partial and not busy():
+                deadline = min(deadline, self.expires_at)
             with trio.CancelScope(deadline=min(deadline, self.login_deadline)) as self._receiving:
                 await self.pool.wait_to_read(self.budget.used + self.partial)
                 n = await receive_into(self.stream, reader)
@@ -157,6 +183,8 @@ class _Receiver:
             if not self.partial and not busy() and now >= self.last_active + limits.idle_timeout:
                 log.info("client %s: idle for %.0f s, closing", self.client, limits.idle_timeout)
                 raise _Close("idle_timeout")
+            if not self.partial and not busy() and now >= self.expires_at:
+                raise _Close(self.expiry_reason)
             # Requests in flight: the connection is not idle. Look again later.
             self.last_active = max(self.last_active, now - limits.idle_timeout / 2)
         return None
@@ -245,9 +273,11 @@ class ClientConnection:
         admitted: Admitted | None = None,
         telemetry: ClientTelemetry | None = None,
         governance: Governance | None = None,
+        quotas: Quotas | None = None,
     ) -> None:
         """``auth``: clients log in with SASL first; ``principal``: who the client's TLS certificate says it is;
-        ``admitted``: its place among the process's connections not logged in yet (with ``auth``); ``governance``."""
+        ``admitted``: its place among the process's connections not logged in yet (with ``auth``); ``governance``;
+        ``quotas``: the process's client quotas, which throttle this connection when it goes over them."""
         self.stream = stream
         self.capture = capture
         self.cluster = cluster
@@ -258,12 +288,20 @@ class ClientConnection:
         self.principal = principal
         self._telemetry = telemetry  # kfan's client telemetry (KIP-714), when it has subscriptions
         self._governed = None if governance is None else ClientGovernance(governance, self.id, peer, self._principal)
+        self._throttle = None if quotas is None else ClientThrottle(quotas, self._principal)
         self._connect_broker = connect_broker
         self._pool = pool if pool is not None else MemoryPool(limits.max_buffered_bytes)
         self._budget = Budget(limits.max_connection_bytes, self._pool)
         self._receiver = _Receiver(stream, limits, self._budget, self._pool, self.id)
+        # The max age counts from the opening, or from the reload that changed it (turning it on after a scale-out
+        # must not close every old connection at once).
+        self._age_from = trio.current_time()
+        self._age_jitter = random.random()  # this connection's share of --connection-max-age-jitter, kept across reloads
+        self._set_max_age(limits)
         self._orderer = ResponseOrderer(limits.max_inflight)
         self._login = None if auth is None else _Login(auth, self, admitted)
+        self._reader: FrameReader | None = None
+        self._forwarder: Forwarder | None = None
 
     async def run(self) -> None:
         """Serve the client until it leaves or must go; never raises (but for cancellation)."""
@@ -305,6 +343,7 @@ class ClientConnection:
                     telemetry=self._telemetry,
                     principal=self._principal,
                     governed=self._governed,
+                    throttle=self._throttle,
                 )
                 nursery.start_soon(self._write, nursery.cancel_scope)
                 async with self._orderer:
@@ -343,14 +382,48 @@ class ClientConnection:
         """Stop reading requests; answer those already read, then close (graceful shutdown)."""
         self._receiver.drain()
 
+    def _set_max_age(self, limits: Limits) -> None:
+        if self._receiver.expiry_reason != "max_age":
+            return  # draining already: the drain's deadline holds
+        if limits.max_age > 0:
+            self._receiver.expire_by(self._age_from + limits.max_age + self._age_jitter * limits.max_age_jitter)
+        else:
+            self._receiver.expire_by(math.inf)
+
+    def close_gradually(self, deadline: float) -> None:
+        """Close at the first safe point after ``deadline`` (a replica being drained), or at the max age if sooner."""
+        self._receiver.expiry_reason = "drain"
+        self._receiver.expire_by(min(deadline, self._receiver.expires_at))
+
+    def reconfigure(self, limits: Limits) -> None:
+        """Limits reloaded: what is safe to change under a running connection changes now (its deadlines and
+        timeouts, the bytes it may hold, the largest frame, record validation, fetching ahead); the bound on
+        requests in flight and the login limits stay as the connection opened with."""
+        if limits.max_age != self.limits.max_age:
+            self._age_from = trio.current_time()
+        self.limits = self._receiver.limits = limits
+        self._set_max_age(limits)
+        self._budget.limit = limits.max_connection_bytes
+        if self._reader is not None and not (self._login is not None and self._login.pending):
+            self._reader.max_frame_bytes = limits.max_frame_bytes
+        forwarder = self._forwarder
+        if forwarder is not None:
+            forwarder.request_timeout = forwarder.dispatcher.request_timeout = limits.request_timeout
+            forwarder.dispatcher.max_hold = limits.max_hold
+            forwarder.planner.validate_records = limits.validate_records
+            forwarder.planner.fetch_ahead_bytes = limits.fetch_ahead_bytes
+
     # --- reading -------------------------------------------------------------
 
     async def _read(self) -> None:
         logging_in = self._login is not None and self._login.pending
-        reader = FrameReader(self.limits.login.max_receive_bytes if logging_in else self.limits.max_frame_bytes)
+        reader = self._reader = FrameReader(self.limits.login.max_receive_bytes if logging_in else self.limits.max_frame_bytes)
         first = True  # no byte read yet
         while True:
             await self._orderer.make_room()  # before reading: at most max_inflight requests read and not yet answered
+            throttle = self._throttle
+            if throttle is not None and throttle.until > trio.current_time() and not await self._receiver.pause_until(throttle.until):
+                return  # draining
             try:
                 payload = reader.next_frame()
             except FrameTooLarge as e:
@@ -397,12 +470,26 @@ class ClientConnection:
             except Unanswerable as e:
                 raise _Close(e.reason) from e
 
+    def _at_safe_point(self) -> bool:
+        """Nothing in flight, nothing of a next request received, logged in: closing loses the client nothing."""
+        reader = self._reader
+        return (
+            self._orderer.inflight == 0
+            and self._receiver.partial == 0
+            and (reader is None or reader.buffered() == 0)
+            and not (self._login is not None and self._login.pending)
+        )
+
     # --- writing ---------------------------------------------------------------------
 
     async def _write(self, scope: trio.CancelScope) -> None:
         while (slot := await self._orderer.next_answered()) is not None:
             if slot.close is not None:
                 raise _Close(slot.close)
+            if slot.hold and self._throttle is not None:
+                # Over a quota, a client of a version that does not wait on its own gets its answer that much
+                # later (the requests behind it wait already: the reader reads nothing before then).
+                await trio.sleep_until(self._throttle.until)
             if slot.parts is not None:
                 # A client that stops reading its answers must not hold them (and us) for ever.
                 written = 0
@@ -420,6 +507,9 @@ class ClientConnection:
                 await trio.sleep(CLOSE_LINGER)
                 raise _Close(slot.close_after)
             metrics.CLIENT_LATENCY.labels(str(slot.api_key)).observe(trio.current_time() - slot.started)
+            if trio.current_time() >= self._receiver.expires_at and self._at_safe_point():
+                # Old enough (--connection-max-age) or drained: the client reconnects, through the load balancer.
+                raise _Close(self._receiver.expiry_reason)
             self._budget.release(slot.size)
             if slot.size >= MAPPED_FROM:
                 release_later(slot.parts)  # the brokers' answers it holds are let go of off the event loop

@@ -50,6 +50,7 @@ from proxy.core import (
     undecodable,
 )
 from proxy.core.layout import TopicPartition
+from proxy.core.throttle import client_throttles, with_throttle
 from proxy.kafka.headers import RequestHeader, response_header
 from proxy.kafka.records import Invalid
 from proxy.kafka.wire import Parts
@@ -63,6 +64,7 @@ from proxy.server.gather import Gathered, Handles
 from proxy.server.governance import ClientGovernance
 from proxy.server.ordering import ResponseOrderer, ResponseSlot
 from proxy.server.planning import Planner, Unanswerable
+from proxy.server.quotas import ClientThrottle
 
 log = logging.getLogger("kfan.connection")
 
@@ -92,11 +94,13 @@ class Forwarder:
         telemetry: ClientTelemetry | None = None,
         principal: Callable[[], str] = str,
         governed: ClientGovernance | None = None,
+        throttle: ClientThrottle | None = None,
     ) -> None:
         """``nursery``: the connection's, where answers are awaited and kept sub-fetches expire.
 
         ``client_identity``: the links log in as the client (``--broker-identity client``); ``principal``: who the
-        client is at kfan (its login, its certificate; "" when neither); ``governed``: its ACLs and audit log.
+        client is at kfan (its login, its certificate; "" when neither); ``governed``: its ACLs and audit log;
+        ``throttle``: its requests counted against kfan's quotas (``--quota-file``).
         """
         self.cluster = cluster
         self.links = links
@@ -110,6 +114,7 @@ class Forwarder:
         self._nursery = nursery
         self.fetches = Fetches(links, budget, nursery)
         self.governed = governed
+        self.throttle = throttle
         self.planner = Planner(
             cluster,
             links,
@@ -122,6 +127,7 @@ class Forwarder:
             telemetry,
             principal,
             governed,
+            throttle,
         )
         self.dispatcher = Dispatcher(
             cluster, links, self.fetches, request_timeout=request_timeout, max_hold=max_hold, client=client, client_identity=client_identity
@@ -138,6 +144,7 @@ class Forwarder:
         read_at = time.time_ns() if self.capture is not None and self.capture.sampled() else None
         if self.governed is not None:
             await self.governed.before_request()  # --audit-overflow block: the client waits for the audit log
+        cpu = time.thread_time() if self.throttle is not None else 0.0
         ctx, plan = await self.planner.plan(payload)
         if self.governed is not None:
             self.governed.planned(plan.header, ctx.access, plan.decisions)
@@ -148,6 +155,9 @@ class Forwarder:
         await self.budget.acquire(plan.cost)
         h = plan.header
         slot = ResponseSlot(plan.cost, h.api_key)
+        if self.throttle is not None:
+            slot.cpu = time.thread_time() - cpu
+            slot.throttle = self.throttle.request_read(h, len(payload))
         if read_at is not None:
             slot.captured = (read_at, bytes(payload), ctx.topology)
         metrics.CLIENT_REQUESTS.labels(str(h.api_key), str(h.api_version)).inc()
@@ -201,7 +211,7 @@ class Forwarder:
             self._unanswered.remove(handles)
             self._answer(slot, plan.header, None, handles)
             return None
-        reply, found = await self._reply(plan, handles, submitted_at)
+        reply, found = await self._reply(plan, handles, submitted_at, slot)
         if reply is None:
             # No error code of this response can say a broker failed: close, as a broker would on its own failure.
             slot.close = "broker_answer"
@@ -220,8 +230,10 @@ class Forwarder:
                 if isinstance(h, Pending):
                     await h.sent.wait()
 
-    async def _reply(self, plan: Forward, handles: Handles, submitted_at: float) -> tuple[Reply | None, Gathered]:
-        """The client's reply (None: no error code of it can say a broker failed), and the answers it came from."""
+    async def _reply(self, plan: Forward, handles: Handles, submitted_at: float, slot: ResponseSlot) -> tuple[Reply | None, Gathered]:
+        """The client's reply (None: no error code of it can say a broker failed), and the answers it came from.
+
+        The CPU time of its merges counts in ``slot.cpu`` (for a request quota)."""
         used: list[Handles] = [handles]
         try:
             found = await self.dispatcher.answers(plan, handles, submitted_at)
@@ -229,7 +241,7 @@ class Forwarder:
             if found.watermarks:
                 # Before the merge: partitions still out report the watermarks last seen.
                 self._apply([RememberWatermarks(found.watermarks)])
-            reply = _merge(plan, found, self.dispatcher.shares(plan), self.client)
+            reply = self._merge(plan, found, slot)
             if (reply is None or reply.broker_failed) and ANY_BROKER in plan.subs and plan.route.read_only:
                 # Any broker can answer this, and asking again changes nothing: one
                 # broker's failure is not worth the client's (a Metadata answer has
@@ -238,13 +250,23 @@ class Forwarder:
                 if again is not None:
                     used.append(again)
                     found = await self.dispatcher.answers(plan, again, trio.current_time())
-                    reply = _merge(plan, found, self.dispatcher.shares(plan), self.client)
+                    reply = self._merge(plan, found, slot)
             if reply is not None:
                 self._apply(reply.effects)
             return reply, found
         finally:
             # The answers are merged (the response counts what it keeps of them) or not wanted.
             self.fetches.done_with(h for hs in used for h in hs.values() if isinstance(h, Pending))
+
+    def _merge(self, plan: Forward, found: Gathered, slot: ResponseSlot) -> Reply | None:
+        """The merged reply; its CPU time counts in ``slot.cpu`` when the client's requests are counted against quotas."""
+        if self.throttle is None:
+            return _merge(plan, found, self.dispatcher.shares(plan), self.client)
+        cpu = time.thread_time()
+        try:
+            return _merge(plan, found, self.dispatcher.shares(plan), self.client)
+        finally:
+            slot.cpu += time.thread_time() - cpu
 
     def _apply(self, effects: Iterable[Effect]) -> None:
         apply_effects(effects, self.cluster, self.links.coordinators, self.fetches)
@@ -258,6 +280,8 @@ class Forwarder:
         answers: Mapping[Destination, BrokerAnswer] | None = None,
         shares_answers: bool = False,
     ) -> None:
+        if self.throttle is not None:
+            body = self._throttled(slot, h, body)
         if body is not None:
             slot.parts = [response_header(h.api_key, h.api_version, h.correlation_id), *body]
             # An unwritten response is held for the client too: a client that
@@ -269,6 +293,16 @@ class Forwarder:
         if slot.captured is not None and self.capture is not None:
             conn_id = f"{os.getpid()}-{self.client}"
             self.capture.offer(_capture_row(slot, h, conn_id, self.identity, handles or {}, answers or {}, shares_answers))
+
+    def _throttled(self, slot: ResponseSlot, h: RequestHeader, body: Parts | None) -> Parts | None:
+        """The answer saying the throttle time the request earned over the client's quotas (KIP-219), if any."""
+        assert self.throttle is not None
+        size = sum(len(p) for p in body) if body is not None else 0
+        slot.throttle = max(slot.throttle, self.throttle.answered(h, size, slot.cpu, body is not None))
+        if slot.throttle <= 0 or body is None:
+            return body
+        slot.hold = not client_throttles(h.api_key, h.api_version)
+        return with_throttle(h.api_key, h.api_version, body, round(slot.throttle * 1000))
 
 
 def _merge(plan: Forward, found: Gathered, shares: bool, client: int) -> Reply | None:

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import logging
 import os
-import tomllib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,6 +30,7 @@ from proxy.kafka.headers import RequestHeader
 from proxy.runtime import metrics
 from proxy.runtime.audit import Audit
 from proxy.runtime.logtext import printable
+from proxy.security.files import read_toml
 from proxy.server.audit_events import connection_event, request_event
 from proxy.server.ordering import ResponseSlot
 from proxy.server.prelogin import host_of
@@ -40,14 +40,7 @@ log = logging.getLogger("kfan.authorizer")
 
 def read_acls(path: Path) -> Acls:
     """The ACLs a file states; raises :class:`ValueError` saying what is wrong with it."""
-    try:
-        return parse_acls(tomllib.loads(path.read_text(encoding="utf-8")))
-    except OSError as e:
-        raise ValueError(f"{path}: {e.strerror or e}") from None
-    except tomllib.TOMLDecodeError as e:
-        raise ValueError(f"{path}: not TOML: {e}") from None
-    except AclFileError as e:
-        raise ValueError(f"{path}: {e}") from None
+    return read_toml(path, parse_acls, AclFileError)
 
 
 class AclFile:
@@ -67,6 +60,16 @@ class AclFile:
         except OSError:
             return None
         return (st.st_mtime_ns, st.st_size, st.st_ino)
+
+    def switch(self, path: Path, check_interval: float) -> None:
+        """Another file (a reload moved --acl-file); raises :class:`ValueError` for an invalid one, changing nothing."""
+        acls = read_acls(path)
+        self.path, self.check_interval = path, check_interval
+        self._stamp = self._stat()
+        self.acls = acls
+        metrics.ACL_RELOADS.labels("ok").inc()
+        metrics.ACL_BINDINGS.set(len(acls))
+        log.info("ACLs from %s: %d bindings, %d super users", path, len(acls), len(acls.super_users))
 
     def reload(self) -> bool:
         """Read the file again: True when its ACLs are now in force; False keeps the previous ones (logged)."""
@@ -105,12 +108,20 @@ class Governance:
             return None
         return Access(self.acl_file.acls, user_principal(principal), host)
 
-    def reopen(self) -> None:
-        """SIGHUP: the ACL file read again, the audit file reopened (after logrotate moved it)."""
+    def reconfigure(self, options: Mapping[str, Any]) -> None:
+        """Reloaded options: the ACL file (read again, or another), what is logged, what is audited and how."""
         if self.acl_file is not None:
-            self.acl_file.reload()
+            if options["acl_file"] != self.acl_file.path:
+                self.acl_file.switch(options["acl_file"], options["acl_file_check"])
+            else:
+                self.acl_file.check_interval = options["acl_file_check"]
+                self.acl_file.reload()
+        self.decision_log = options["authorizer_log"]
         if self.audit is not None:
-            self.audit.reopen()
+            # Connections opened before keep the set of APIs they name resources for; their events follow the new set.
+            self.audit.apis = options["audit_apis"]
+            self.audit.queue_events = options["audit_queue_events"]
+            self.audit.block = options["audit_overflow"] == "block"
 
     def decided(self, hdr: RequestHeader, access: Access, decisions: Sequence[Decision]) -> None:
         """Count and log one request's decisions."""

@@ -27,7 +27,7 @@ from proxy.runtime import metrics
 class ResponseSlot:
     """A place in the response order: what the writer writes there, and what ends the connection there."""
 
-    __slots__ = ("done", "parts", "close", "close_after", "size", "started", "api_key", "captured")
+    __slots__ = ("done", "parts", "close", "close_after", "size", "started", "api_key", "captured", "throttle", "hold", "cpu")
 
     def __init__(self, size: int, api_key: int) -> None:
         self.done = trio.Event()
@@ -40,6 +40,11 @@ class ResponseSlot:
         # When sampled: wall-clock ns at read, the request, and the topology its plan used
         # (not the one current when it is answered: a refresh in between may have moved leaders).
         self.captured: tuple[int, bytes, Topology] | None = None
+        # Over a quota: the throttle time the request earned (its answer says it); ``hold``: the client's
+        # version does not wait on its own (before KIP-219), so the answer itself waits that long.
+        self.throttle = 0.0
+        self.hold = False
+        self.cpu = 0.0  # kfan's CPU seconds on the request, counted when it has a request quota
 
 
 class ResponseOrderer:

@@ -33,12 +33,17 @@ from proxy.kafka.wire import Malformed
 from proxy.runtime.telemetry import ClientTelemetry, TelemetryClient
 from proxy.server.fetches import Fetches
 from proxy.server.governance import ClientGovernance
+from proxy.server.quotas import ClientThrottle
 
 log = logging.getLogger("kfan.connection")
 
 
 # What client telemetry answers of a connection's requests.
 _TELEMETRY_SEEN = frozenset({apis.GET_TELEMETRY_SUBSCRIPTIONS, apis.PUSH_TELEMETRY})
+
+
+def _no_cap(client_id: str | None) -> None:
+    return None
 
 
 class Unanswerable(Exception):
@@ -65,9 +70,10 @@ class Planner:
         telemetry: ClientTelemetry | None = None,
         principal: Callable[[], str] = str,
         governed: ClientGovernance | None = None,
+        throttle: ClientThrottle | None = None,
     ) -> None:
         """``governed``: how the client's requests are judged (``--authorizer acls``; the ACLs may be reloaded
-        between requests) and whether the resources each names are wanted (the audit log)."""
+        between requests) and whether the resources each names are wanted (the audit log); ``throttle``: its quotas."""
         self.cluster = cluster
         self.links = links
         self.identity = identity
@@ -84,6 +90,7 @@ class Planner:
         self.record_resources = frozenset(k for k in ROUTES if audit.audits(k)) if audit is not None else frozenset()
         self.audited = audit is not None
         self.software = ("", "")  # the client's software name and version, from its ApiVersions (v3+)
+        self.fetch_quota_bytes: Callable[[str | None], int | None] = throttle.fetch_cap if throttle is not None else _no_cap
 
     async def plan(self, payload: bytes | memoryview) -> tuple[Context, LocalReply | Forward]:
         """Plan one request (the context it was planned with too); raises :class:`Unanswerable`."""
@@ -171,4 +178,5 @@ class Planner:
             self.access(),
             record_resources=self.record_resources,
             auto_create_topics=cluster.auto_create_topics,
+            fetch_quota_bytes=self.fetch_quota_bytes,
         )

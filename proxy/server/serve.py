@@ -11,10 +11,13 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import logging
+import random
 import resource
 import socket
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from functools import partial
+from pathlib import Path
+from typing import Any
 
 import trio
 from prometheus_client import REGISTRY
@@ -31,7 +34,9 @@ from proxy.server.audit_topic import TopicSink
 from proxy.server.connection import Limits
 from proxy.server.governance import Governance
 from proxy.server.prelogin import PreLogin
+from proxy.server.quotas import Quotas
 from proxy.server.registry import Connections
+from proxy.server.reload import Reloader
 from proxy.server.security_options import Security
 
 log = logging.getLogger("kfan.server")
@@ -50,15 +55,28 @@ class ServerConfig:
     metrics_listen: tuple[str, int] | None = None
     reuse_port: bool = False  # several worker processes share the listen port
     shutdown_timeout_s: float = 25.0
+    drain_period_s: float = 0.0  # on SIGTERM, connections closed at safe points spread over this first
     capture: CaptureConfig | None = None
     security: Security = field(default_factory=Security)
     telemetry: ClientTelemetry | None = None  # client telemetry subscriptions (KIP-714), when configured
     governance: Governance = field(default_factory=Governance)  # the ACLs kfan authorizes with, the audit log
+    quotas: Quotas | None = None  # client quotas this process enforces (--quota-file)
+
+
+@dataclass
+class Live:
+    """What a reload may change: each new connection is served with what is here when it arrives."""
+
+    limits: Limits
+    security: Security
+    quotas: Quotas | None
+    shutdown_timeout_s: float
+    drain_period_s: float = 0.0
 
 
 @dataclass
 class Running:
-    """What a started server reports: where it listens and how clients should reach it."""
+    """What a started server reports: where it listens and how clients should reach it; what a reload changes."""
 
     port: int
     identity: Identity
@@ -66,12 +84,59 @@ class Running:
     metrics_port: int | None = None
     connections: Connections = field(default_factory=Connections)
     governance: Governance | None = None  # SIGHUP re-reads its ACL file and reopens its audit file
+    live: Live | None = None
+    pool: MemoryPool | None = None  # the logged-in clients' memory
+    prelogin: PreLogin | None = None  # the connections not logged in yet
+    reloader: Reloader | None = None  # SIGHUP and a changed --config file reload the configuration
     _accepting: trio.CancelScope | None = None
+
+    def reconfigure(self, options: Mapping[str, Any], changed: frozenset[str], limits: Limits, security: Security) -> None:
+        """Apply reloaded options (``changed``, by dest), whose files the caller has read and checked, so nothing
+        here fails half-way. Limits reach existing connections where safe (:meth:`ClientConnection.reconfigure`),
+        TLS and SASL settings the connections that arrive from now on, quotas and ACLs every client's next request;
+        the log level, the topology refresh and the shutdown timeout the whole process."""
+        live = self.live
+        assert live is not None and self.pool is not None and self.prelogin is not None
+        if live.limits != limits:
+            live.limits = limits
+            self.pool.limit = limits.max_buffered_bytes
+            self.prelogin.limits = limits.login
+            self.prelogin.pool.limit = limits.login.max_bytes
+            for conn in self.connections:
+                conn.reconfigure(limits)
+        live.security = security
+        quotas: Path | None = options["quota_file"]
+        if "quota_file" in changed:
+            if quotas is None:
+                if live.quotas is not None:
+                    live.quotas.stop()  # no connection's requests are counted against a quota any more
+            elif live.quotas is None:
+                live.quotas = Quotas(quotas)  # for the connections that arrive from now on
+            else:
+                live.quotas.switch(quotas)
+        elif live.quotas is not None:
+            live.quotas.current()  # re-read now if it changed
+        if self.governance is not None:
+            self.governance.reconfigure(options)
+        if "log_level" in changed:
+            logging.getLogger().setLevel(getattr(logging, str(options["log_level"]).upper(), logging.INFO))
+        self.cluster.refresher.interval = options["metadata_refresh"]
+        live.shutdown_timeout_s = options["shutdown_timeout"]
+        live.drain_period_s = options["drain_period"]
 
     async def shutdown(self, timeout: float) -> None:
         """Stop accepting; let connections answer what they have read, up to ``timeout`` seconds."""
         if self._accepting is not None:
             self._accepting.cancel()
+        period = self.live.drain_period_s if self.live is not None else 0.0
+        if period > 0 and self.connections:
+            # One by one, each at a safe point: their clients reconnect to the other replicas spread over the period.
+            log.info("stopping: closing %d client connections over %.0f s (--drain-period)", len(self.connections), period)
+            now = trio.current_time()
+            for conn in self.connections:
+                conn.close_gradually(now + random.uniform(0, period))
+            with trio.move_on_after(period + 1):
+                await self.connections.wait_empty()
         log.info("stopping: %d client connections to drain (up to %.0f s)", len(self.connections), timeout)
         for conn in self.connections:
             conn.drain()
@@ -241,22 +306,30 @@ async def serve(config: ServerConfig, task_status: trio.TaskStatus[Running] = tr
         identity = Identity(config.node_id, adv_host, adv_port)
         log.info("kfan listening on %s:%s, advertised as %s:%s (node %s)", host, bound, adv_host, adv_port, config.node_id)
         running = Running(bound, identity, cluster, metrics_port)
-        handler = partial(
-            serve_client,
-            cluster=cluster,
-            identity=identity,
-            limits=config.limits,
-            registry=running.connections,
-            capture=capture,
-            pool=MemoryPool(config.limits.max_buffered_bytes),
-            prelogin=PreLogin(config.limits.login),
-            tls=config.security.tls,
-            auth=config.security.client_auth,
-            telemetry=config.telemetry,
-            governance=governance if governance.acl_file is not None or governance.audit is not None else None,
-        )
-        if governance.acl_file is not None or governance.audit is not None:
-            running.governance = governance
+        running.live = live = Live(config.limits, config.security, config.quotas, config.shutdown_timeout_s, config.drain_period_s)
+        running.pool = pool = MemoryPool(config.limits.max_buffered_bytes)
+        running.prelogin = prelogin = PreLogin(config.limits.login)
+        governed = governance if governance.acl_file is not None or governance.audit is not None else None
+        running.governance = governed
+
+        async def handler(stream: trio.abc.Stream) -> None:
+            # Read at each arrival: a reload's settings serve the connections that come after it.
+            await serve_client(
+                stream,
+                cluster=cluster,
+                identity=identity,
+                limits=live.limits,
+                registry=running.connections,
+                capture=capture,
+                pool=pool,
+                prelogin=prelogin,
+                tls=live.security.tls,
+                auth=live.security.client_auth,
+                telemetry=config.telemetry,
+                governance=governed,
+                quotas=live.quotas,
+            )
+
         task_status.started(running)
         async with trio.open_nursery() as clients:
             with trio.CancelScope() as running._accepting:

@@ -32,10 +32,6 @@ from proxy.server import config
 
 log = logging.getLogger("kfan.workers")
 
-# Until a reload exists (quotas-and-reload issue), a SIGHUP (a closed terminal, an
-# operator's `kill -HUP` meant as "reload") must not kill kfan undrained.
-IGNORED_SIGHUP = "received SIGHUP: ignored (kfan does not reload its configuration; restart it to change settings)"
-
 
 def _flag_value(value: Any) -> str:
     if isinstance(value, tuple):
@@ -47,24 +43,30 @@ def _flag_value(value: Any) -> str:
     return str(value)
 
 
-def worker_argv(options: dict[str, Any], port: int) -> list[str]:
-    """The `kfan serve` command line of one worker: every option with a flag, explicitly (secrets go by environment)."""
+def worker_argv(options: Mapping[str, Any], port: int, explicit: frozenset[str], config_path: str | None) -> list[str]:
+    """The `kfan serve` command line of one worker: the options given to the parent by flag or environment, and its
+    config file, which the worker reads itself (so that it can read it again on a reload). Secrets go by environment."""
     argv = [sys.executable, "-m", "proxy", "serve"]
     for o in config.OPTIONS:
         value = options[o.dest]
-        if o.name in ("workers", "metrics-listen") or value is None or not o.flag:
+        if o.name in ("workers", "metrics-listen", "listen") or o.dest not in explicit or value is None or not o.flag:
             continue
-        if o.name == "listen":
-            value = (value[0], port)
         argv += [f"--{o.name}", _flag_value(value)]
-    return argv + ["--workers", "1"]
+    if config_path:
+        argv += ["--config", config_path]
+    return argv + ["--listen", _flag_value((options["listen"][0], port)), "--workers", "1"]
+
+
+def explicit_options(flags: Mapping[str, Any], environ: Mapping[str, str]) -> frozenset[str]:
+    """The options (by dest) given by flag or environment, which a config file cannot override."""
+    return frozenset(o.dest for o in config.OPTIONS if o.dest in flags or o.env in environ)
 
 
 def worker_environment(environ: Mapping[str, str]) -> dict[str, str]:
     """The parent's environment without KFAN_* settings: a worker's command line
-    already holds every option the parent resolved, and a worker that read
-    KFAN_METRICS_LISTEN (or a config file naming metrics-listen) would try to
-    bind the parent's metrics port."""
+    holds every option the parent was given that way, and a worker that read
+    KFAN_METRICS_LISTEN would try to bind the parent's metrics port (a worker
+    ignores metrics-listen in the config file too: :func:`proxy.cli._serve`)."""
     return {k: v for k, v in environ.items() if not k.startswith("KFAN_")}
 
 
@@ -73,7 +75,7 @@ def worker_secrets(options: Mapping[str, Any]) -> dict[str, str]:
     return {o.env: _flag_value(options[o.dest]) for o in config.OPTIONS if not o.flag and options[o.dest] is not None}
 
 
-def run_workers(options: dict[str, Any]) -> int:
+def run_workers(options: dict[str, Any], flags: Mapping[str, Any]) -> int:
     host, port = options["listen"]
     # Hold the port (and pick it, for port 0) so every worker binds the same one.
     reserve = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
@@ -88,13 +90,15 @@ def run_workers(options: dict[str, Any]) -> int:
     metrics_dir = tempfile.mkdtemp(prefix="kfan-metrics-")
     os.environ["PROMETHEUS_MULTIPROC_DIR"] = metrics_dir
     try:
-        return trio.run(_supervise, options, port, metrics_dir)
+        explicit = explicit_options(flags, os.environ)
+        config_path = flags.get("config") or os.environ.get("KFAN_CONFIG")
+        return trio.run(_supervise, options, port, metrics_dir, explicit, str(config_path) if config_path else None)
     finally:
         reserve.close()
         shutil.rmtree(metrics_dir, ignore_errors=True)
 
 
-async def _supervise(options: dict[str, Any], port: int, metrics_dir: str) -> int:
+async def _supervise(options: dict[str, Any], port: int, metrics_dir: str, explicit: frozenset[str], config_path: str | None) -> int:
     n = options["workers"]
     ready_count = 0
     all_ready = trio.Event()
@@ -135,7 +139,9 @@ async def _supervise(options: dict[str, Any], port: int, metrics_dir: str) -> in
                     LIFELINE_ENV: "stdin",
                 }
                 # The worker's stdin: its lifeline, never written to; the kernel closes it when this process ends.
-                proc = await trio.lowlevel.open_process(worker_argv(options, port), env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+                proc = await trio.lowlevel.open_process(
+                    worker_argv(options, port, explicit, config_path), env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE
+                )
                 procs.append(proc)
                 nursery.start_soon(pump, proc)
 
@@ -158,13 +164,11 @@ async def _supervise(options: dict[str, Any], port: int, metrics_dir: str) -> in
                 nursery.start_soon(watch, proc)
             async for signum in signals:
                 if signum == signal.SIGHUP:
-                    if options["authorizer"] == "acls" or options["audit_log"] is not None:
-                        log.info("received SIGHUP: passed on to the %d workers (ACL file, audit log)", n)
-                        for proc in procs:
-                            if proc.returncode is None:
-                                proc.send_signal(signal.SIGHUP)
-                    else:
-                        log.warning(IGNORED_SIGHUP)
+                    # Each worker reloads its own configuration (and reopens its audit log).
+                    log.info("received SIGHUP: passed on to the %d workers", n)
+                    for proc in procs:
+                        if proc.returncode is None:
+                            proc.send_signal(signal.SIGHUP)
                     continue
                 log.info("received %s, stopping %d workers", signal.Signals(signum).name, n)
                 stopping.set()

@@ -15,10 +15,13 @@ from proxy.tools.mock_cluster import MockCluster
 __all__ = ["SERVING", "Kfan", "kfan_at", "kfan_for_session", "kfan_on", "start_kfan"]
 
 
-def start_kfan(bootstrap: str, *extra: str, env: Mapping[str, str] | None = None, wait: bool = True) -> Kfan:
-    """``kfan serve`` on a free port, logging at INFO; ``env``: KFAN_* variables for it. ``wait=False``: do not wait
-    for it to serve (a kfan that cannot reach its brokers); its port is then unknown (0)."""
-    return _start_kfan(bootstrap, *extra, env=env, wait=wait)
+def start_kfan(
+    bootstrap: str, *extra: str, env: Mapping[str, str] | None = None, wait: bool = True, log_level: str | None = "INFO"
+) -> Kfan:
+    """``kfan serve`` on a free port, logging at ``log_level`` (None: as its config file says); ``env``: KFAN_*
+    variables for it. ``wait=False``: do not wait for it to serve (a kfan that cannot reach its brokers); its port
+    is then unknown (0)."""
+    return _start_kfan(bootstrap, *extra, env=env, wait=wait, log_level=log_level)
 
 
 def kfan_for_session(bootstrap: str, name: str, *extra: str) -> Iterator[Kfan]:
@@ -39,9 +42,9 @@ def kfan_on(cluster: MockCluster, *extra: str, bootstrap: str | None = None) -> 
 
 
 @contextmanager
-def kfan_at(bootstrap: str, *extra: str) -> Iterator[Kfan]:
+def kfan_at(bootstrap: str, *extra: str, log_level: str | None = "INFO") -> Iterator[Kfan]:
     """kfan in front of the brokers at ``bootstrap``, refreshing every second; it must survive and stop cleanly."""
-    k = start_kfan(bootstrap, "--metadata-refresh", "1", *extra)
+    k = start_kfan(bootstrap, "--metadata-refresh", "1", *extra, log_level=log_level)
     try:
         yield k
     except BaseException:

@@ -101,11 +101,12 @@ to close (with workers, the parent waits 5 s beyond the drain for them).
 An explicit terminationGracePeriodSeconds below that is refused.
 */}}
 {{- define "kfan.terminationGracePeriodSeconds" -}}
-{{- $need := add (int .Values.preStopSleepSeconds) (int (ceil .Values.shutdownTimeoutSeconds)) 5 -}}
+{{- $drain := ternary (add (int (ceil .Values.drainPeriodSeconds)) 1) 0 (gt (float64 .Values.drainPeriodSeconds) 0.0) -}}
+{{- $need := add (int .Values.preStopSleepSeconds) $drain (int (ceil .Values.shutdownTimeoutSeconds)) 5 -}}
 {{- if kindIs "invalid" .Values.terminationGracePeriodSeconds -}}
 {{- $need -}}
 {{- else if lt (int .Values.terminationGracePeriodSeconds) (int $need) -}}
-{{- fail (printf "terminationGracePeriodSeconds %d is shorter than kfan's shutdown: preStopSleepSeconds (%d) + shutdownTimeoutSeconds (%v, rounded up) + 5 = %d; raise it, lower shutdownTimeoutSeconds, or leave it empty to have it computed" (int .Values.terminationGracePeriodSeconds) (int .Values.preStopSleepSeconds) .Values.shutdownTimeoutSeconds (int $need)) -}}
+{{- fail (printf "terminationGracePeriodSeconds %d is shorter than kfan's shutdown: preStopSleepSeconds (%d) + drainPeriodSeconds (%v, rounded up, + 1 when set) + shutdownTimeoutSeconds (%v, rounded up) + 5 = %d; raise it, lower shutdownTimeoutSeconds, or leave it empty to have it computed" (int .Values.terminationGracePeriodSeconds) (int .Values.preStopSleepSeconds) .Values.drainPeriodSeconds .Values.shutdownTimeoutSeconds (int $need)) -}}
 {{- else -}}
 {{- int .Values.terminationGracePeriodSeconds -}}
 {{- end -}}
@@ -265,6 +266,13 @@ are flags in the container's args, not environment: `kfan serve --workers N`
 starts its workers with the parent's environment, and a worker that inherits
 KFAN_METRICS_LISTEN binds the parent's metrics port and dies.
 */}}
+{{- /* The files kfan reads from the chart's own ConfigMap (mounted at /etc/kfan/config): "true" when there is one. */ -}}
+{{- define "kfan.hasConfigFiles" -}}
+{{- if or .Values.configFile .Values.telemetry.subscriptions .Values.quotas (and (eq .Values.authorization.authorizer "acls") .Values.authorization.acls) -}}
+true
+{{- end -}}
+{{- end }}
+
 {{- define "kfan.env" -}}
 {{- $owned := dict
   "KFAN_BOOTSTRAP" "kafka.bootstrap"
@@ -274,12 +282,14 @@ KFAN_METRICS_LISTEN binds the parent's metrics port and dies.
   "KFAN_METRICS_LISTEN" "containerPorts.metrics"
   "KFAN_WORKERS" "workers"
   "KFAN_SHUTDOWN_TIMEOUT" "shutdownTimeoutSeconds"
+  "KFAN_DRAIN_PERIOD" "drainPeriodSeconds"
   "KFAN_LOG_LEVEL" "logLevel"
   "KFAN_LOG_JSON" "logJson"
   "KFAN_RACK" "rack (or rackFromNodeZone)"
   "KFAN_CONFIG" "configFile"
   "KFAN_TELEMETRY_SUBSCRIPTIONS" "telemetry.subscriptions"
   "KFAN_AUTHORIZER" "authorization.authorizer"
+  "KFAN_QUOTA_FILE" "quotas"
   "KFAN_ACL_FILE" "authorization.acls (or authorization.aclSecret)"
   "KFAN_AUTHORIZER_LOG" "authorization.log"
   "KFAN_AUDIT_LOG" "audit.log"
@@ -312,13 +322,14 @@ KFAN_METRICS_LISTEN binds the parent's metrics port and dies.
   "KFAN_CLIENT_AUTH_MAX_RECEIVE_BYTES" "clientAuth.maxReceiveBytes"
   "KFAN_CLIENT_AUTH_TIMEOUT" "clientAuth.timeoutSeconds"
 -}}
-{{- $extraAllowed := list "KFAN_MAX_FRAME_BYTES" "KFAN_MAX_INFLIGHT" "KFAN_MAX_CONNECTION_BYTES" "KFAN_MAX_BUFFERED_BYTES" "KFAN_MAX_CONNECTIONS" "KFAN_MAX_HOLD" "KFAN_IDLE_TIMEOUT" "KFAN_FRAME_TIMEOUT" "KFAN_REQUEST_TIMEOUT" "KFAN_METADATA_REFRESH" "KFAN_CAPTURE" "KFAN_CAPTURE_SAMPLE" "KFAN_CAPTURE_RECORDS" "KFAN_VALIDATE_RECORDS" "KFAN_FETCH_AHEAD_BYTES" "KFAN_READ_REPLICA_MAX_AGE" "KFAN_MAX_UNAUTHENTICATED_PER_ADDRESS" "KFAN_MAX_UNAUTHENTICATED_BYTES" "KFAN_TELEMETRY_MAX_BYTES" "KFAN_TELEMETRY_MAX_CLIENT_INSTANCES" "KFAN_ACL_FILE_CHECK" "KFAN_AUDIT_QUEUE_EVENTS" -}}
+{{- $extraAllowed := list "KFAN_MAX_FRAME_BYTES" "KFAN_MAX_INFLIGHT" "KFAN_MAX_CONNECTION_BYTES" "KFAN_MAX_BUFFERED_BYTES" "KFAN_MAX_CONNECTIONS" "KFAN_MAX_HOLD" "KFAN_IDLE_TIMEOUT" "KFAN_FRAME_TIMEOUT" "KFAN_REQUEST_TIMEOUT" "KFAN_METADATA_REFRESH" "KFAN_CAPTURE" "KFAN_CAPTURE_SAMPLE" "KFAN_CAPTURE_RECORDS" "KFAN_VALIDATE_RECORDS" "KFAN_FETCH_AHEAD_BYTES" "KFAN_READ_REPLICA_MAX_AGE" "KFAN_MAX_UNAUTHENTICATED_PER_ADDRESS" "KFAN_MAX_UNAUTHENTICATED_BYTES" "KFAN_TELEMETRY_MAX_BYTES" "KFAN_TELEMETRY_MAX_CLIENT_INSTANCES" "KFAN_ACL_FILE_CHECK" "KFAN_AUDIT_QUEUE_EVENTS" "KFAN_CONNECTION_MAX_AGE" "KFAN_CONNECTION_MAX_AGE_JITTER" "KFAN_REUSE_PORT" -}}
 {{- $env := dict
   "KFAN_BOOTSTRAP" (include "kfan.bootstrap" .)
   "KFAN_ADVERTISE" (include "kfan.advertise" .)
   "KFAN_NODE_ID" (toString (int .Values.nodeId))
   "KFAN_WORKERS" (toString (int .Values.workers))
   "KFAN_SHUTDOWN_TIMEOUT" (toString .Values.shutdownTimeoutSeconds)
+  "KFAN_DRAIN_PERIOD" (toString .Values.drainPeriodSeconds)
   "KFAN_LOG_LEVEL" .Values.logLevel
   "KFAN_LOG_JSON" (ternary "true" "false" (.Values.logJson | default false))
 -}}
@@ -349,6 +360,8 @@ int() refuses that. */}}
   (list "KFAN_MAX_HOLD" "limits.maxHoldSeconds" $l.maxHoldSeconds "seconds")
   (list "KFAN_IDLE_TIMEOUT" "limits.idleTimeoutSeconds" $l.idleTimeoutSeconds "seconds")
   (list "KFAN_FRAME_TIMEOUT" "limits.frameTimeoutSeconds" $l.frameTimeoutSeconds "seconds")
+  (list "KFAN_CONNECTION_MAX_AGE" "limits.connectionMaxAgeSeconds" $l.connectionMaxAgeSeconds "seconds")
+  (list "KFAN_CONNECTION_MAX_AGE_JITTER" "limits.connectionMaxAgeJitterSeconds" $l.connectionMaxAgeJitterSeconds "seconds")
   (list "KFAN_METADATA_REFRESH" "kafka.metadataRefreshSeconds" .Values.kafka.metadataRefreshSeconds "seconds")
   (list "KFAN_READ_REPLICA_MAX_AGE" "readReplicaMaxAgeSeconds" .Values.readReplicaMaxAgeSeconds "seconds")
   (list "KFAN_TELEMETRY_MAX_BYTES" "telemetry.maxBytes" .Values.telemetry.maxBytes "int")
@@ -459,6 +472,9 @@ int() refuses that. */}}
 {{- end }}
 {{- if .Values.telemetry.subscriptions }}
 {{- $_ := set $env "KFAN_TELEMETRY_SUBSCRIPTIONS" "/etc/kfan/config/telemetry.toml" }}
+{{- end }}
+{{- if .Values.quotas }}
+{{- $_ := set $env "KFAN_QUOTA_FILE" "/etc/kfan/config/quotas.toml" }}
 {{- end }}
 {{- with .Values.configFile }}
 {{- $_ := set $env "KFAN_CONFIG" "/etc/kfan/config/kfan.toml" }}

@@ -97,19 +97,31 @@ def start_kfan(
     *extra: str,
     env: Mapping[str, str] | None = None,
     wait: bool = True,
-    log_level: str = "INFO",
+    log_level: str | None = "INFO",
     timeout: float = START_TIMEOUT_S,
     cwd: Path | None = None,
 ) -> Kfan:
     """``kfan serve`` on a free port of 127.0.0.1; ``env``: KFAN_* variables for it. ``wait=False``: do not wait
-    for it to serve (a kfan that cannot reach its brokers); its port is then unknown (0).
+    for it to serve (a kfan that cannot reach its brokers); its port is then unknown (0). ``log_level`` None:
+    no flag (the config file's, or kfan's default).
 
     ``cwd``: its working directory (default: this process's). Raises RuntimeError, with its output,
     when it does not serve within ``timeout`` s.
     """
     env = {**os.environ, **(env or {}), "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "proxy", "serve", "--bootstrap", bootstrap, "--listen", "127.0.0.1:0", "--log-level", log_level, *extra],
+        [
+            sys.executable,
+            "-m",
+            "proxy",
+            "serve",
+            "--bootstrap",
+            bootstrap,
+            "--listen",
+            "127.0.0.1:0",
+            *(["--log-level", log_level] if log_level else []),
+            *extra,
+        ],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
