@@ -277,6 +277,15 @@ def test_find_coordinator_answers_the_keys_it_may_not_describe() -> None:
     assert {c["key"]: c["error_code"] for c in got["coordinators"]} == {"g1": 0, "secret": errors.GROUP_AUTHORIZATION_FAILED}
 
 
+@pytest.mark.parametrize("version", [2, 3, 5])
+def test_a_share_coordinator_asked_in_a_version_before_6_is_left_to_the_broker(version: int) -> None:
+    """Kafka answers INVALID_REQUEST before it authorizes anything (the long fuzz campaign found kfan failing on v0-3,
+    which have no coordinators array to refuse keys in)."""
+    body: dict[str, Any] = {"key_type": 2, **({"key": "s"} if version < 4 else {"coordinator_keys": ["s"]})}
+    plan = plan_request(_ctx(Acls()), request_payload(apis.FIND_COORDINATOR, version, body))
+    assert isinstance(plan, Forward) and plan.subs
+
+
 def _answered_any(api: int, version: int, plan: Any, answer: dict[str, Any]) -> dict[str, Any]:
     if isinstance(plan, LocalReply):
         return decode_reply(api, version, b"".join(plan.body))

@@ -193,6 +193,8 @@ def describe_topic_partitions(v: Verdict, route: Route[Any], ctx: Context, hdr: 
 def find_coordinator(v: Verdict, route: Route[Any], ctx: Context, hdr: RequestHeader, request: Struct) -> None:
     key_type = request.get("key_type", 0)
     if key_type == 2:  # a share coordinator: the brokers' own business
+        if hdr.api_version < 6:
+            return  # Kafka answers INVALID_REQUEST before it authorizes anything (and v0-3 have no coordinators array)
         if not v.judge.cluster(Operation.CLUSTER_ACTION):
             keys = request.get("coordinator_keys") or []
             spec = array_spec(response_spec(hdr.api_key, hdr.api_version), "coordinators")
