@@ -120,6 +120,7 @@ class _Receiver:
         self.login_deadline = math.inf  # a connection not logged in by then is closed
         self.expires_at = math.inf  # past it, the connection is closed when nothing is in flight (max age, drain)
         self.expiry_reason = "max_age"
+        self.expired = False  # it is closing for its age, or a drain
 
     def drain(self) -> None:
         self._draining.set()
@@ -137,6 +138,14 @@ class _Receiver:
         if self.partial:
             self._frame_started = now
         return not self._draining.is_set()
+
+    def expiring(self) -> bool:
+        """Past the max age (or a drain's deadline): no request is read any more; those read are answered, then the
+        connection closes (:attr:`expired`)."""
+        if not self.expired and trio.current_time() >= self.expires_at:
+            self.expired = True
+            log.info("client %s: closing once the requests it sent are answered (%s)", self.client, self.expiry_reason)
+        return self.expired
 
     def expire_by(self, deadline: float) -> None:
         """Close the connection at its first safe point after ``deadline`` (the receiver looks again now)."""
@@ -163,16 +172,14 @@ class _Receiver:
         limits = self.limits
         while not self._draining.is_set():
             deadline = self._frame_started + limits.frame_timeout if self.partial else self.last_active + limits.idle_timeout
-            if not self.partial and not busy():
-                deadline = min(deadline, self.expires_at)
-            with trio.CancelScope(deadline=min(deadline, self.login_deadline)) as self._receiving:
+            with trio.CancelScope(deadline=min(deadline, self.login_deadline, self.expires_at)) as self._receiving:
                 await self.pool.wait_to_read(self.budget.used + self.partial)
                 n = await receive_into(self.stream, reader)
                 self.last_active = trio.current_time()
                 return n
             self._receiving = None
             now = trio.current_time()
-            if self._draining.is_set():
+            if self._draining.is_set() or self.expiring():
                 break
             if now >= self.login_deadline:
                 log.warning("client %s: not logged in within %.0f s, closing", self.client, limits.login.timeout)
@@ -183,8 +190,6 @@ class _Receiver:
             if not self.partial and not busy() and now >= self.last_active + limits.idle_timeout:
                 log.info("client %s: idle for %.0f s, closing", self.client, limits.idle_timeout)
                 raise _Close("idle_timeout")
-            if not self.partial and not busy() and now >= self.expires_at:
-                raise _Close(self.expiry_reason)
             # Requests in flight: the connection is not idle. Look again later.
             self.last_active = max(self.last_active, now - limits.idle_timeout / 2)
         return None
@@ -348,6 +353,9 @@ class ClientConnection:
                 nursery.start_soon(self._write, nursery.cancel_scope)
                 async with self._orderer:
                     await self._read()
+            if self._receiver.expired:
+                reason = self._receiver.expiry_reason
+                metrics.CLIENT_CLOSES.labels(reason).inc()
         except* _Close as eg:
             reason = eg.exceptions[0].reason  # type: ignore[attr-defined]
         except* (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as eg:
@@ -367,7 +375,23 @@ class ClientConnection:
             self._budget.release_all()
             self._receiver.release()
             with trio.CancelScope(shield=True):
+                if reason in ("max_age", "drain"):
+                    await self._goodbye()
                 await trio.aclose_forcefully(self.stream)
+
+    async def _goodbye(self) -> None:
+        """End the connection after its last answer with a FIN, not a reset: what the client sent that was not
+        read is discarded for up to ``CLOSE_LINGER`` while it reads the answers and closes (a close with unread
+        bytes would reset the connection, and a reset may overtake answers still on their way)."""
+        raw = getattr(self.stream, "transport_stream", self.stream)  # under TLS: the socket (closing, no close_notify)
+        with trio.move_on_after(CLOSE_LINGER):
+            try:
+                if isinstance(raw, trio.abc.HalfCloseableStream):
+                    await raw.send_eof()
+                while await raw.receive_some(65536):
+                    pass
+            except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+                pass
 
     def _audit_connection(self, event: str, **fields: Any) -> None:
         if self._governed is not None:
@@ -421,6 +445,8 @@ class ClientConnection:
         first = True  # no byte read yet
         while True:
             await self._orderer.make_room()  # before reading: at most max_inflight requests read and not yet answered
+            if self._receiver.expiring():
+                return  # a request not read is not lost: the client sends it again on its next connection
             throttle = self._throttle
             if throttle is not None and throttle.until > trio.current_time() and not await self._receiver.pause_until(throttle.until):
                 return  # draining
@@ -470,16 +496,6 @@ class ClientConnection:
             except Unanswerable as e:
                 raise _Close(e.reason) from e
 
-    def _at_safe_point(self) -> bool:
-        """Nothing in flight, nothing of a next request received, logged in: closing loses the client nothing."""
-        reader = self._reader
-        return (
-            self._orderer.inflight == 0
-            and self._receiver.partial == 0
-            and (reader is None or reader.buffered() == 0)
-            and not (self._login is not None and self._login.pending)
-        )
-
     # --- writing ---------------------------------------------------------------------
 
     async def _write(self, scope: trio.CancelScope) -> None:
@@ -507,9 +523,6 @@ class ClientConnection:
                 await trio.sleep(CLOSE_LINGER)
                 raise _Close(slot.close_after)
             metrics.CLIENT_LATENCY.labels(str(slot.api_key)).observe(trio.current_time() - slot.started)
-            if trio.current_time() >= self._receiver.expires_at and self._at_safe_point():
-                # Old enough (--connection-max-age) or drained: the client reconnects, through the load balancer.
-                raise _Close(self._receiver.expiry_reason)
             self._budget.release(slot.size)
             if slot.size >= MAPPED_FROM:
                 release_later(slot.parts)  # the brokers' answers it holds are let go of off the event loop
