@@ -38,9 +38,6 @@ from __future__ import annotations
 import itertools
 import logging
 import math
-import random
-from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 import trio
@@ -49,150 +46,27 @@ from backends.cluster import Cluster
 from backends.links import BrokerConnect, LinkPool
 from proxy.capture.recorder import Capture
 from proxy.core import Identity
-from proxy.kafka.frames import MAPPED_FROM, FrameReader, FrameTooLarge
+from proxy.kafka.frames import FrameReader, FrameTooLarge
 from proxy.kafka.headers import peek_request
 from proxy.kafka.wire import Malformed
 from proxy.runtime import metrics
 from proxy.runtime.budget import Budget, MemoryPool
-from proxy.runtime.frame_io import receive_into, send_frame
-from proxy.runtime.reclaim import release_later
 from proxy.runtime.telemetry import ClientTelemetry
 from proxy.security.tls import looks_like_tls
 from proxy.server.broker_login import confirm_login
 from proxy.server.client_auth import Answer, ClientAuthConfig, ClientSession, Refused
-from proxy.server.forwarder import Forwarder, Unanswerable
+from proxy.server.forwarder import Forwarder, Unanswerable, reconfigure_forwarder
 from proxy.server.governance import ClientGovernance, Governance
+from proxy.server.limits import Limits
 from proxy.server.ordering import ResponseOrderer, ResponseSlot
-from proxy.server.prelogin import Admitted, PreLogin, PreLoginLimits, host_of
+from proxy.server.prelogin import Admitted, PreLogin, host_of
 from proxy.server.quotas import ClientThrottle, Quotas
+from proxy.server.receiver import Closing, Receiver, goodbye
 from proxy.server.token_identity import TokenIdentity
+from proxy.server.writer import write_answers
 
 log = logging.getLogger("kfan.connection")
 _ids = itertools.count(1)
-# How long a connection kfan ends after an answer (a failed login) waits for the client to close it.
-CLOSE_LINGER = 1.0
-
-
-@dataclass(frozen=True)
-class Limits:
-    max_frame_bytes: int = 100 * 1024 * 1024
-    max_inflight: int = 256
-    max_connection_bytes: int = 64 * 1024 * 1024  # held per connection before its reader waits
-    request_timeout: float = 30.0  # beyond the time the request itself allows the broker
-    max_hold: float = 300.0  # the longest a request's own fields may let a broker keep it
-    idle_timeout: float = 600.0  # Kafka's connections.max.idle.ms
-    frame_timeout: float = 30.0  # a frame begun must arrive whole within this
-    max_buffered_bytes: int = 512 * 1024 * 1024  # held for all connections of the process
-    max_connections: int = 10_000
-    validate_records: bool = True  # --validate-records crc: bad produced batches stop at kfan
-    fetch_ahead_bytes: int = 16 * 1024 * 1024  # records sub-fetches sent ahead may bring in, per connection
-    max_age: float = 0.0  # --connection-max-age: close at a safe point once older (0: never)
-    max_age_jitter: float = 0.0  # a random part up to this, added to each connection's max age
-    login: PreLoginLimits = field(default_factory=PreLoginLimits)  # what a connection not logged in yet may hold
-
-
-class _Close(Exception):
-    """End this client connection (the reason is logged and counted where it is raised)."""
-
-    def __init__(self, reason: str) -> None:
-        super().__init__(reason)
-        self.reason = reason
-        if reason != "eof":  # the client's own doing
-            metrics.CLIENT_CLOSES.labels(reason).inc()
-
-
-class _Receiver:
-    """The client's bytes under their deadlines: a frame begun must arrive whole
-    within ``frame_timeout``; a connection with nothing in flight is closed
-    after ``idle_timeout``. Bytes of frames still arriving count in the pool."""
-
-    def __init__(self, stream: trio.abc.Stream, limits: Limits, budget: Budget, pool: MemoryPool, client: int) -> None:
-        self.stream = stream
-        self.limits = limits
-        self.budget = budget
-        self.pool = pool
-        self.client = client
-        self.partial = 0  # bytes of frames still arriving, counted in the pool
-        self.last_active = trio.current_time()  # the last byte either way
-        self._frame_started = 0.0
-        self._draining = trio.Event()
-        self._receiving: trio.CancelScope | None = None
-        self.login_deadline = math.inf  # a connection not logged in by then is closed
-        self.expires_at = math.inf  # past it, the connection is closed when nothing is in flight (max age, drain)
-        self.expiry_reason = "max_age"
-        self.expired = False  # it is closing for its age, or a drain
-
-    def drain(self) -> None:
-        self._draining.set()
-        if self._receiving is not None:
-            self._receiving.cancel()
-
-    async def pause_until(self, deadline: float) -> bool:
-        """Read nothing until ``deadline`` (a throttled client); False when draining. The wait counts against
-        neither the idle nor the frame deadline."""
-        with trio.CancelScope(deadline=deadline) as self._receiving:
-            await self._draining.wait()
-        self._receiving = None
-        now = trio.current_time()
-        self.last_active = now
-        if self.partial:
-            self._frame_started = now
-        return not self._draining.is_set()
-
-    def expiring(self) -> bool:
-        """Past the max age (or a drain's deadline): no request is read any more; those read are answered, then the
-        connection closes (:attr:`expired`)."""
-        if not self.expired and trio.current_time() >= self.expires_at:
-            self.expired = True
-            log.info("client %s: closing once the requests it sent are answered (%s)", self.client, self.expiry_reason)
-        return self.expired
-
-    def expire_by(self, deadline: float) -> None:
-        """Close the connection at its first safe point after ``deadline`` (the receiver looks again now)."""
-        self.expires_at = deadline
-        if self._receiving is not None:
-            self._receiving.cancel()
-
-    def sync_partial(self, reader: FrameReader) -> None:
-        held = reader.buffered()
-        if held and not self.partial:
-            self._frame_started = trio.current_time()
-        self.pool.add(held - self.partial)
-        self.partial = held
-
-    def release(self) -> None:
-        self.pool.sub(self.partial)
-        self.partial = 0
-
-    async def receive(self, busy: Callable[[], bool], reader: FrameReader) -> int | None:
-        """Read the client's next bytes into ``reader``: how many (0 at EOF), or None when draining; closes on a deadline.
-
-        ``busy()``: requests are in flight, so the connection is not idle.
-        """
-        limits = self.limits
-        while not self._draining.is_set():
-            deadline = self._frame_started + limits.frame_timeout if self.partial else self.last_active + limits.idle_timeout
-            with trio.CancelScope(deadline=min(deadline, self.login_deadline, self.expires_at)) as self._receiving:
-                await self.pool.wait_to_read(self.budget.used + self.partial)
-                n = await receive_into(self.stream, reader)
-                self.last_active = trio.current_time()
-                return n
-            self._receiving = None
-            now = trio.current_time()
-            if self._draining.is_set() or self.expiring():
-                break
-            if now >= self.login_deadline:
-                log.warning("client %s: not logged in within %.0f s, closing", self.client, limits.login.timeout)
-                raise _Close("login_timeout")
-            if self.partial and now >= self._frame_started + limits.frame_timeout:
-                log.warning("client %s: a frame was not completed within %.0f s, closing", self.client, limits.frame_timeout)
-                raise _Close("frame_timeout")
-            if not self.partial and not busy() and now >= self.last_active + limits.idle_timeout:
-                log.info("client %s: idle for %.0f s, closing", self.client, limits.idle_timeout)
-                raise _Close("idle_timeout")
-            # Requests in flight: the connection is not idle. Look again later.
-            self.last_active = max(self.last_active, now - limits.idle_timeout / 2)
-        return None
 
 
 class _Login:
@@ -225,11 +99,11 @@ class _Login:
         except Refused as e:
             log.warning("client %s (%s): closing: %s", conn.id, conn.peer, e)
             conn._audit_connection("refused", reason=e.reason, mechanism=self.session.mechanism)
-            raise _Close(e.reason) from None
+            raise Closing(e.reason) from None
         except Malformed as e:
             key, version, cid = peek_request(payload) if len(payload) >= 8 else (-1, -1, -1)
             log.warning("client %s: closing on SASL request api_key=%s v%s correlation_id=%s: %s", conn.id, key, version, cid, e)
-            raise _Close("malformed") from e
+            raise Closing("malformed") from e
         if self.admitted is not None and self.session.authenticated:
             self._logged_in(reader)
             conn._audit_connection("authenticated", mechanism=self.session.mechanism)
@@ -281,8 +155,7 @@ class ClientConnection:
         quotas: Quotas | None = None,
     ) -> None:
         """``auth``: clients log in with SASL first; ``principal``: who the client's TLS certificate says it is;
-        ``admitted``: its place among the process's connections not logged in yet (with ``auth``); ``governance``;
-        ``quotas``: the process's client quotas, which throttle this connection when it goes over them."""
+        ``admitted``: its place among the process's connections not logged in yet (with ``auth``); ``quotas``."""
         self.stream = stream
         self.capture = capture
         self.cluster = cluster
@@ -297,15 +170,10 @@ class ClientConnection:
         self._connect_broker = connect_broker
         self._pool = pool if pool is not None else MemoryPool(limits.max_buffered_bytes)
         self._budget = Budget(limits.max_connection_bytes, self._pool)
-        self._receiver = _Receiver(stream, limits, self._budget, self._pool, self.id)
-        # The max age counts from the opening, or from the reload that changed it (turning it on after a scale-out
-        # must not close every old connection at once).
-        self._age_from = trio.current_time()
-        self._age_jitter = random.random()  # this connection's share of --connection-max-age-jitter, kept across reloads
-        self._set_max_age(limits)
+        self._receiver = Receiver(stream, limits, self._budget, self._pool, self.id)
         self._orderer = ResponseOrderer(limits.max_inflight)
         self._login = None if auth is None else _Login(auth, self, admitted)
-        self._reader: FrameReader | None = None
+        self._reader: FrameReader | None = None  # (for a reload's limits)
         self._forwarder: Forwarder | None = None
 
     async def run(self) -> None:
@@ -350,13 +218,17 @@ class ClientConnection:
                     governed=self._governed,
                     throttle=self._throttle,
                 )
-                nursery.start_soon(self._write, nursery.cancel_scope)
+                nursery.start_soon(
+                    write_answers,
+                    *(self._orderer, self.stream, lambda: self.limits, self._receiver, self._budget, self._throttle, self.id),
+                    nursery.cancel_scope,
+                )
                 async with self._orderer:
                     await self._read()
             if self._receiver.expired:
                 reason = self._receiver.expiry_reason
                 metrics.CLIENT_CLOSES.labels(reason).inc()
-        except* _Close as eg:
+        except* Closing as eg:
             reason = eg.exceptions[0].reason  # type: ignore[attr-defined]
         except* (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as eg:
             reason = "connection_lost"
@@ -376,22 +248,8 @@ class ClientConnection:
             self._receiver.release()
             with trio.CancelScope(shield=True):
                 if reason in ("max_age", "drain"):
-                    await self._goodbye()
+                    await goodbye(self.stream)
                 await trio.aclose_forcefully(self.stream)
-
-    async def _goodbye(self) -> None:
-        """End the connection after its last answer with a FIN, not a reset: what the client sent that was not
-        read is discarded for up to ``CLOSE_LINGER`` while it reads the answers and closes (a close with unread
-        bytes would reset the connection, and a reset may overtake answers still on their way)."""
-        raw = getattr(self.stream, "transport_stream", self.stream)  # under TLS: the socket (closing, no close_notify)
-        with trio.move_on_after(CLOSE_LINGER):
-            try:
-                if isinstance(raw, trio.abc.HalfCloseableStream):
-                    await raw.send_eof()
-                while await raw.receive_some(65536):
-                    pass
-            except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
-                pass
 
     def _audit_connection(self, event: str, **fields: Any) -> None:
         if self._governed is not None:
@@ -402,40 +260,19 @@ class ClientConnection:
         session = None if self._login is None else self._login.session
         return (session.principal if session is not None else None) or self.principal or ""
 
-    def drain(self) -> None:
-        """Stop reading requests; answer those already read, then close (graceful shutdown)."""
-        self._receiver.drain()
-
-    def _set_max_age(self, limits: Limits) -> None:
-        if self._receiver.expiry_reason != "max_age":
-            return  # draining already: the drain's deadline holds
-        if limits.max_age > 0:
-            self._receiver.expire_by(self._age_from + limits.max_age + self._age_jitter * limits.max_age_jitter)
-        else:
-            self._receiver.expire_by(math.inf)
-
-    def close_gradually(self, deadline: float) -> None:
-        """Close at the first safe point after ``deadline`` (a replica being drained), or at the max age if sooner."""
-        self._receiver.expiry_reason = "drain"
-        self._receiver.expire_by(min(deadline, self._receiver.expires_at))
+    def drain(self, at: float | None = None) -> None:
+        """Stop reading requests, now or at ``at`` (a drain spread over time); answer those read, then close."""
+        self._receiver.drain() if at is None else self._receiver.close_gradually(at)
 
     def reconfigure(self, limits: Limits) -> None:
-        """Limits reloaded: what is safe to change under a running connection changes now (its deadlines and
-        timeouts, the bytes it may hold, the largest frame, record validation, fetching ahead); the bound on
-        requests in flight and the login limits stay as the connection opened with."""
-        if limits.max_age != self.limits.max_age:
-            self._age_from = trio.current_time()
-        self.limits = self._receiver.limits = limits
-        self._set_max_age(limits)
+        """Limits reloaded: all but the bound on requests in flight and the login limits apply now."""
+        self.limits = limits
+        self._receiver.reconfigure(limits)
         self._budget.limit = limits.max_connection_bytes
         if self._reader is not None and not (self._login is not None and self._login.pending):
             self._reader.max_frame_bytes = limits.max_frame_bytes
-        forwarder = self._forwarder
-        if forwarder is not None:
-            forwarder.request_timeout = forwarder.dispatcher.request_timeout = limits.request_timeout
-            forwarder.dispatcher.max_hold = limits.max_hold
-            forwarder.planner.validate_records = limits.validate_records
-            forwarder.planner.fetch_ahead_bytes = limits.fetch_ahead_bytes
+        if self._forwarder is not None:
+            reconfigure_forwarder(self._forwarder, limits)
 
     # --- reading -------------------------------------------------------------
 
@@ -455,12 +292,12 @@ class ClientConnection:
             except FrameTooLarge as e:
                 if self._login is not None and self._login.pending:
                     log.warning("client %s (%s): %s before login (--client-auth-max-receive-bytes), closing", self.id, self.peer, e)
-                    raise _Close("login_frame_too_large") from e
+                    raise Closing("login_frame_too_large") from e
                 log.warning("client %s: malformed frame, closing: %s", self.id, e)
-                raise _Close("malformed") from e
+                raise Closing("malformed") from e
             except Malformed as e:
                 log.warning("client %s: malformed frame, closing: %s", self.id, e)
-                raise _Close("malformed") from e
+                raise Closing("malformed") from e
             self._receiver.sync_partial(reader)
             if payload is None:
                 n = await self._receiver.receive(busy=lambda: self._orderer.inflight > 0, reader=reader)
@@ -475,10 +312,10 @@ class ClientConnection:
                     if reader.pending_partial():
                         log.warning("client %s: connection ended inside a frame", self.id)
                     await self._forwarder.send_unanswered()
-                    raise _Close("eof")
+                    raise Closing("eof")
                 if first and looks_like_tls(reader.peek(16)):
                     log.warning("client %s (%s): a TLS handshake on a plaintext listener, closing", self.id, self.peer)
-                    raise _Close("tls_on_plaintext")
+                    raise Closing("tls_on_plaintext")
                 first = False
                 self._receiver.sync_partial(reader)
                 continue
@@ -494,38 +331,6 @@ class ClientConnection:
             try:
                 await self._forwarder.take(payload)  # the request is the forwarder's from here to its answer
             except Unanswerable as e:
-                raise _Close(e.reason) from e
+                raise Closing(e.reason) from e
 
     # --- writing ---------------------------------------------------------------------
-
-    async def _write(self, scope: trio.CancelScope) -> None:
-        while (slot := await self._orderer.next_answered()) is not None:
-            if slot.close is not None:
-                raise _Close(slot.close)
-            if slot.hold and self._throttle is not None:
-                # Over a quota, a client of a version that does not wait on its own gets its answer that much
-                # later (the requests behind it wait already: the reader reads nothing before then).
-                await trio.sleep_until(self._throttle.until)
-            if slot.parts is not None:
-                # A client that stops reading its answers must not hold them (and us) for ever.
-                written = 0
-                with trio.move_on_after(self.limits.frame_timeout) as writing:
-                    written = await send_frame(self.stream, slot.parts)
-                if writing.cancelled_caught:
-                    log.warning("client %s: did not read a response within %.0f s, closing", self.id, self.limits.frame_timeout)
-                    raise _Close("frame_timeout")
-                self._receiver.last_active = trio.current_time()  # idle counts from the last byte either way
-                metrics.BYTES.labels("client_out").inc(written)
-            if slot.close_after is not None:
-                # Let the client read the answer and leave first (the reader still sees its EOF,
-                # and refuses anything else it sends): closing under an answer in flight lets
-                # some clients lose it to a reset or an unannounced TLS end.
-                await trio.sleep(CLOSE_LINGER)
-                raise _Close(slot.close_after)
-            metrics.CLIENT_LATENCY.labels(str(slot.api_key)).observe(trio.current_time() - slot.started)
-            self._budget.release(slot.size)
-            if slot.size >= MAPPED_FROM:
-                release_later(slot.parts)  # the brokers' answers it holds are let go of off the event loop
-                slot.parts = None
-        # The client closed its side and every response is written.
-        scope.cancel()

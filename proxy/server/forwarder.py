@@ -26,6 +26,7 @@ import logging
 import os
 import time
 from collections.abc import Callable, Iterable, Mapping
+from typing import Any
 
 import trio
 
@@ -50,7 +51,6 @@ from proxy.core import (
     undecodable,
 )
 from proxy.core.layout import TopicPartition
-from proxy.core.throttle import client_throttles, with_throttle
 from proxy.kafka.headers import RequestHeader, response_header
 from proxy.kafka.records import Invalid
 from proxy.kafka.wire import Parts
@@ -100,8 +100,7 @@ class Forwarder:
 
         ``client_identity``: the links log in as the client (``--broker-identity client``); ``principal``: who the
         client is at kfan (its login, its certificate; "" when neither); ``governed``: its ACLs and audit log;
-        ``throttle``: its requests counted against kfan's quotas (``--quota-file``).
-        """
+        ``throttle``: its requests counted against kfan's quotas (``--quota-file``)."""
         self.cluster = cluster
         self.links = links
         self.identity = identity
@@ -144,20 +143,19 @@ class Forwarder:
         read_at = time.time_ns() if self.capture is not None and self.capture.sampled() else None
         if self.governed is not None:
             await self.governed.before_request()  # --audit-overflow block: the client waits for the audit log
-        cpu = time.thread_time() if self.throttle is not None else 0.0
+        cpu = time.thread_time()  # kfan's CPU time on the request, for a request quota
         ctx, plan = await self.planner.plan(payload)
         if self.governed is not None:
             self.governed.planned(plan.header, ctx.access, plan.decisions)
             self.governed.software = self.planner.software
         self._apply(plan.at_plan)  # before the next request is planned (a share session's epochs)
         if plan.refused:
-            self._refused_records(plan.refused)
+            self._logged_refused = _refused_records(plan.refused, self._logged_refused, self.client, self.peer)
         await self.budget.acquire(plan.cost)
         h = plan.header
         slot = ResponseSlot(plan.cost, h.api_key)
         if self.throttle is not None:
-            slot.cpu = time.thread_time() - cpu
-            slot.throttle = self.throttle.request_read(h, len(payload))
+            self.throttle.read(slot, h, len(payload), time.thread_time() - cpu)
         if read_at is not None:
             slot.captured = (read_at, bytes(payload), ctx.topology)
         metrics.CLIENT_REQUESTS.labels(str(h.api_key), str(h.api_version)).inc()
@@ -183,14 +181,6 @@ class Forwarder:
         """Until the sub-requests of requests that want no answer are written (the client is leaving)."""
         for handles in list(self._unanswered):
             await self._sent(handles)
-
-    def _refused_records(self, refused: Mapping[TopicPartition, Invalid]) -> None:
-        for problem in refused.values():
-            metrics.INVALID_BATCHES.labels(problem.reason).inc()
-        if not self._logged_refused:  # once per connection: a client with a bad encoder would flood the log
-            self._logged_refused = True
-            where = ", ".join(f"{topic}-{partition} ({problem.reason})" for (topic, partition), problem in list(refused.items())[:5])
-            log.warning("client %s (%s): refused produced records that no broker would take: %s", self.client, self.peer, where)
 
     async def _complete(self, plan: Forward, handles: Handles, slot: ResponseSlot, submitted_at: float, bytes_in: int) -> None:
         try:
@@ -231,9 +221,7 @@ class Forwarder:
                     await h.sent.wait()
 
     async def _reply(self, plan: Forward, handles: Handles, submitted_at: float, slot: ResponseSlot) -> tuple[Reply | None, Gathered]:
-        """The client's reply (None: no error code of it can say a broker failed), and the answers it came from.
-
-        The CPU time of its merges counts in ``slot.cpu`` (for a request quota)."""
+        """The client's reply (None: no error code of it can say a broker failed), and the answers it came from."""
         used: list[Handles] = [handles]
         try:
             found = await self.dispatcher.answers(plan, handles, submitted_at)
@@ -241,7 +229,7 @@ class Forwarder:
             if found.watermarks:
                 # Before the merge: partitions still out report the watermarks last seen.
                 self._apply([RememberWatermarks(found.watermarks)])
-            reply = self._merge(plan, found, slot)
+            reply = _merge(plan, found, self.dispatcher.shares(plan), self.client, slot if self.throttle else None)
             if (reply is None or reply.broker_failed) and ANY_BROKER in plan.subs and plan.route.read_only:
                 # Any broker can answer this, and asking again changes nothing: one
                 # broker's failure is not worth the client's (a Metadata answer has
@@ -250,23 +238,13 @@ class Forwarder:
                 if again is not None:
                     used.append(again)
                     found = await self.dispatcher.answers(plan, again, trio.current_time())
-                    reply = self._merge(plan, found, slot)
+                    reply = _merge(plan, found, self.dispatcher.shares(plan), self.client, slot if self.throttle else None)
             if reply is not None:
                 self._apply(reply.effects)
             return reply, found
         finally:
             # The answers are merged (the response counts what it keeps of them) or not wanted.
             self.fetches.done_with(h for hs in used for h in hs.values() if isinstance(h, Pending))
-
-    def _merge(self, plan: Forward, found: Gathered, slot: ResponseSlot) -> Reply | None:
-        """The merged reply; its CPU time counts in ``slot.cpu`` when the client's requests are counted against quotas."""
-        if self.throttle is None:
-            return _merge(plan, found, self.dispatcher.shares(plan), self.client)
-        cpu = time.thread_time()
-        try:
-            return _merge(plan, found, self.dispatcher.shares(plan), self.client)
-        finally:
-            slot.cpu += time.thread_time() - cpu
 
     def _apply(self, effects: Iterable[Effect]) -> None:
         apply_effects(effects, self.cluster, self.links.coordinators, self.fetches)
@@ -281,7 +259,7 @@ class Forwarder:
         shares_answers: bool = False,
     ) -> None:
         if self.throttle is not None:
-            body = self._throttled(slot, h, body)
+            body = self.throttle.answering(slot, h, body)
         if body is not None:
             slot.parts = [response_header(h.api_key, h.api_version, h.correlation_id), *body]
             # An unwritten response is held for the client too: a client that
@@ -294,19 +272,40 @@ class Forwarder:
             conn_id = f"{os.getpid()}-{self.client}"
             self.capture.offer(_capture_row(slot, h, conn_id, self.identity, handles or {}, answers or {}, shares_answers))
 
-    def _throttled(self, slot: ResponseSlot, h: RequestHeader, body: Parts | None) -> Parts | None:
-        """The answer saying the throttle time the request earned over the client's quotas (KIP-219), if any."""
-        assert self.throttle is not None
-        size = sum(len(p) for p in body) if body is not None else 0
-        slot.throttle = max(slot.throttle, self.throttle.answered(h, size, slot.cpu, body is not None))
-        if slot.throttle <= 0 or body is None:
-            return body
-        slot.hold = not client_throttles(h.api_key, h.api_version)
-        return with_throttle(h.api_key, h.api_version, body, round(slot.throttle * 1000))
+
+def reconfigure_forwarder(forwarder: Forwarder, limits: Any) -> None:
+    """Limits reloaded (:class:`proxy.server.connection.Limits`): the timeouts and per-request settings from now on."""
+    forwarder.request_timeout = forwarder.dispatcher.request_timeout = limits.request_timeout
+    forwarder.dispatcher.max_hold = limits.max_hold
+    forwarder.planner.validate_records = limits.validate_records
+    forwarder.planner.fetch_ahead_bytes = limits.fetch_ahead_bytes
 
 
-def _merge(plan: Forward, found: Gathered, shares: bool, client: int) -> Reply | None:
-    """The client's reply from the answers found; ``shares``: the request may share another client's answer."""
+def _refused_records(refused: Mapping[TopicPartition, Invalid], logged: bool, client: int, peer: str) -> bool:
+    """Count refused produced records; log them, once per connection (a client with a bad encoder would flood the
+    log): whether they have been logged."""
+    for problem in refused.values():
+        metrics.INVALID_BATCHES.labels(problem.reason).inc()
+    if not logged:
+        where = ", ".join(f"{topic}-{partition} ({problem.reason})" for (topic, partition), problem in list(refused.items())[:5])
+        log.warning("client %s (%s): refused produced records that no broker would take: %s", client, peer, where)
+    return True
+
+
+def _merge(plan: Forward, found: Gathered, shares: bool, client: int, slot: ResponseSlot | None = None) -> Reply | None:
+    """The client's reply from the answers found; ``shares``: the request may share another client's answer.
+
+    ``slot``: its CPU time counts in the slot's (the client has a request quota to count it against)."""
+    if slot is None:
+        return _merged_once(plan, found, shares, client)
+    cpu = time.thread_time()
+    try:
+        return _merged_once(plan, found, shares, client)
+    finally:
+        slot.cpu += time.thread_time() - cpu
+
+
+def _merged_once(plan: Forward, found: Gathered, shares: bool, client: int) -> Reply | None:
     shared = _shared_answer(found) if shares else None
     whose = (plan.ctx.identity, plan.ctx.access)  # a client's own ACLs may have amended it
     if shared is not None and shared.merged is not None and shared.merged[0] == whose:

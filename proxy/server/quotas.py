@@ -27,10 +27,13 @@ from pathlib import Path
 import trio
 
 from proxy.core.quotas import ANONYMOUS, ClientQuotas, QuotaConfig, QuotaFileError, QuotaType, Usage, parse_quotas
+from proxy.core.throttle import client_throttles, with_throttle
 from proxy.kafka import apis
 from proxy.kafka.headers import RequestHeader
+from proxy.kafka.wire import Parts
 from proxy.runtime import metrics
 from proxy.security.files import WatchedFile, read_toml
+from proxy.server.ordering import ResponseSlot
 
 log = logging.getLogger("kfan.quotas")
 
@@ -125,11 +128,22 @@ class ClientThrottle:
         self.quotas.report(usage, report)
         return usage.throttle
 
-    def request_read(self, hdr: RequestHeader, size: int) -> float:
-        """A request read: a Produce counts its bytes now, as a broker does."""
-        if hdr.api_key != apis.PRODUCE:
-            return 0.0
-        return self._earned(self._record(QuotaType.PRODUCE, hdr, size, size))
+    def read(self, slot: ResponseSlot, hdr: RequestHeader, size: int, cpu_seconds: float) -> None:
+        """A request read and planned (``cpu_seconds`` of kfan's time so far): a Produce counts its bytes now, as a
+        broker does."""
+        slot.cpu = cpu_seconds
+        if hdr.api_key == apis.PRODUCE:
+            slot.throttle = self._earned(self._record(QuotaType.PRODUCE, hdr, size, size))
+
+    def answering(self, slot: ResponseSlot, hdr: RequestHeader, body: Parts | None) -> Parts | None:
+        """The answer saying the throttle time its request earned (KIP-219), if any; a client of a version that does
+        not throttle itself gets it late (``slot.hold``)."""
+        size = sum(len(p) for p in body) if body is not None else 0
+        slot.throttle = max(slot.throttle, self.answered(hdr, size, slot.cpu, body is not None))
+        if slot.throttle <= 0 or body is None:
+            return body
+        slot.hold = not client_throttles(hdr.api_key, hdr.api_version)
+        return with_throttle(hdr.api_key, hdr.api_version, body, round(slot.throttle * 1000))
 
     def answered(self, hdr: RequestHeader, response_bytes: int, cpu_seconds: float, wants_answer: bool) -> float:
         """A request answered: a Fetch counts its answer's bytes, any request kfan's CPU time on it (but a Produce

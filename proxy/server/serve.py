@@ -134,7 +134,7 @@ class Running:
             log.info("stopping: closing %d client connections over %.0f s (--drain-period)", len(self.connections), period)
             now = trio.current_time()
             for conn in self.connections:
-                conn.close_gradually(now + random.uniform(0, period))
+                conn.drain(at=now + random.uniform(0, period))
             with trio.move_on_after(period + 1):
                 await self.connections.wait_empty()
         log.info("stopping: %d client connections to drain (up to %.0f s)", len(self.connections), timeout)
