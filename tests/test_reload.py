@@ -234,6 +234,8 @@ def test_sixty_seconds_of_traffic_through_ten_reloads(apache_kafka: KafkaCluster
             wait_for("the clients' first statistics", lambda: all(c.connects for c in (producer_state, *consumer_states)), 30)
             joins = sum(samples("kfan_client_requests_total").get(f'{{api_key="11",api_version="{v}"}}', 0) for v in range(10))
             connects = [c.connects[-1] for c in (producer_state, *consumer_states)]
+            # The group as formed (the first member may have had the partitions alone before the second joined).
+            assignments = [s.assignments for s in consumer_states]
             generation = samples("kfan_config_generation")[""]
 
             def reload_by(action: str, result: str, step: Any) -> None:
@@ -313,7 +315,7 @@ def test_sixty_seconds_of_traffic_through_ten_reloads(apache_kafka: KafkaCluster
 
         clients = (producer_state, *consumer_states)
         assert [c.errors for c in clients] == [[], [], []]
-        assert [s.assignments for s in consumer_states] == [1, 1], "a group rebalanced"
+        assert [s.assignments for s in consumer_states] == assignments, "a group rebalanced"
         assert sum(samples("kfan_client_requests_total").get(f'{{api_key="11",api_version="{v}"}}', 0) for v in range(10)) == joins
         assert [c.connects[-1] for c in clients] == connects, "a client connected again"
         assert not samples("kfan_client_connections_closed_total"), "kfan closed a client connection"
