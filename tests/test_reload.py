@@ -17,7 +17,7 @@ import ssl
 import threading
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -277,34 +277,17 @@ def test_sixty_seconds_of_traffic_through_ten_reloads(apache_kafka: KafkaCluster
             )
             # 6. an invalid file: nothing changes, and it is reported
             reload_by("file", "invalid", lambda: _replace(config, b"idle-timeout = [\n"))
+
+            def write(**changes: Any) -> Callable[[], None]:
+                return lambda: _replace(config, _config_text(files, **changes).encode())
+
             # 7. valid again, fetching ahead changed
-            reload_by(
-                "file",
-                "ok",
-                lambda: _replace(config, _config_text(files, **{"idle-timeout": 500.0, "fetch-ahead-bytes": 8388608}).encode()),
-            )
+            settled = {"idle-timeout": 500.0, "fetch-ahead-bytes": 8388608}
+            reload_by("file", "ok", write(**settled))
             # 8. a setting that needs a restart: refused, the old value kept
-            reload_by(
-                "file",
-                "restart_needed",
-                lambda: _replace(
-                    config,
-                    _config_text(
-                        files, **{"idle-timeout": 500.0, "fetch-ahead-bytes": 8388608, "node-id": 7, "request-timeout": 20.0}
-                    ).encode(),
-                ),
-            )
+            reload_by("file", "restart_needed", write(**settled, **{"node-id": 7, "request-timeout": 20.0}))
             # 9. the request timeout changed (applied; the node id still differs from the one in force: said again)
-            reload_by(
-                "file",
-                "restart_needed",
-                lambda: _replace(
-                    config,
-                    _config_text(
-                        files, **{"idle-timeout": 500.0, "fetch-ahead-bytes": 8388608, "node-id": 7, "request-timeout": 25.0}
-                    ).encode(),
-                ),
-            )
+            reload_by("file", "restart_needed", write(**settled, **{"node-id": 7, "request-timeout": 25.0}))
             # 10. SIGHUP, nothing changed
             reload_by("sighup", "restart_needed", lambda: None)
             time.sleep(max(0.0, began + RUN_S - time.monotonic()))

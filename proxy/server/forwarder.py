@@ -143,7 +143,7 @@ class Forwarder:
         read_at = time.time_ns() if self.capture is not None and self.capture.sampled() else None
         if self.governed is not None:
             await self.governed.before_request()  # --audit-overflow block: the client waits for the audit log
-        cpu = time.thread_time()  # kfan's CPU time on the request, for a request quota
+        cpu = time.thread_time() if self.throttle is not None else 0.0  # kfan's CPU time on it, for a request quota
         ctx, plan = await self.planner.plan(payload)
         if self.governed is not None:
             self.governed.planned(plan.header, ctx.access, plan.decisions)
