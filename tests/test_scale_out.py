@@ -27,7 +27,7 @@ from tests.support.metrics import http_get, metrics_port_in, parse_samples
 from tests.support.processes import free_port
 from tests.support.waiting import wait_for
 
-AGE_S, JITTER_S = 6.0, 4.0
+AGE_S, JITTER_S = 4.0, 3.0
 PRODUCERS, GROUPS, CONSUMERS_PER_GROUP = 4, 2, 4
 
 
