@@ -206,6 +206,7 @@ def _config(options: dict[str, Any], bootstrap: list[tuple[str, int]], reuse_por
         listen=options["listen"],
         advertise=options["advertise"],
         node_id=options["node_id"],
+        cluster_ids=options["broker_ids"] == "cluster",
         metadata_refresh_s=options["metadata_refresh"],
         rack=options["rack"] or "",
         read_replica_max_age_s=options["read_replica_max_age"],

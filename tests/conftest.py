@@ -75,6 +75,12 @@ def kfan_kafka(apache_kafka: KafkaCluster) -> Iterator[Kfan]:
     yield from kfan_for_session(apache_kafka.bootstrap, "kfan (apache kafka)")
 
 
+@pytest.fixture(scope="session")
+def kfan_kafka_ids(apache_kafka: KafkaCluster) -> Iterator[Kfan]:
+    """kfan in front of Apache Kafka, showing clients the brokers' own ids (``--broker-ids cluster``)."""
+    yield from kfan_for_session(apache_kafka.bootstrap, "kfan (apache kafka, cluster ids)", "--broker-ids", "cluster")
+
+
 @pytest.fixture(scope="module")
 def quorum_kafka(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaCluster]:
     """The fault suites' own Apache Kafka 4, one per module: a quorum of three controllers (so that the active one

@@ -16,10 +16,13 @@ per library, tests/support/round_trip.py), against
   three brokers, tests/support/apache_kafka), 10,000 records to a 6-partition
   topic replicated on all three, checked as on the mock; and each client's same
   round trip straight to those brokers (``test_round_trip_directly_against_apache_kafka``),
-  with the same checks.
+  with the same checks;
+- ``kafka-ids``: the same through kfan showing the brokers' own ids
+  (``kfan_kafka_ids``, ``--broker-ids cluster``).
 
 Every record exactly once, per-partition order kept; the client's metadata
-shows exactly one broker, kfan, and the topic's partitions; the member was
+shows exactly one broker, kfan (with the brokers' ids: every broker, each at
+kfan's address), and the topic's partitions; the member was
 assigned every partition; nothing more arrives after the records (kcat: it
 reports the end of each partition at the offset after its last record); the
 group's offsets are committed through kfan and read back by the member and
@@ -80,6 +83,11 @@ class Backend:
     new_topic: Callable[[], str] = field(repr=False)
     check: Callable[[list[Row]], None] = field(repr=False)
     replicas: int = 1  # each partition's replication factor
+    broker_ids: list[int] | None = None  # --broker-ids cluster: the brokers' ids the client sees (else kfan's, 0)
+
+    def brokers(self) -> list[tuple[int, str, int]]:
+        """The brokers a client's metadata must show: each at kfan's address."""
+        return [(i, self.kfan.host, self.kfan.port) for i in self.broker_ids or [0]]
 
 
 def _tansu_topic(kfan: Kfan) -> str:
@@ -105,12 +113,14 @@ def _kafka_topic(kafka: KafkaCluster) -> str:
     return name
 
 
-@pytest.fixture(scope="module", params=["mock", "tansu", "kafka"])
+@pytest.fixture(scope="module", params=["mock", "tansu", "kafka", "kafka-ids"])
 def backend(request: pytest.FixtureRequest) -> Backend:
-    if request.param == "kafka":
+    if request.param.startswith("kafka"):
         kafka: KafkaCluster = request.getfixturevalue("apache_kafka")
-        kfan_kafka: Kfan = request.getfixturevalue("kfan_kafka")
-        return Backend("kafka", kfan_kafka, 6, round_trip_records(), lambda: _kafka_topic(kafka), check_exactly_once_in_order, replicas=3)
+        ids = sorted(kafka.brokers) if request.param == "kafka-ids" else None
+        kfan_kafka: Kfan = request.getfixturevalue("kfan_kafka_ids" if ids else "kfan_kafka")
+        new_topic = lambda: _kafka_topic(kafka)  # noqa: E731
+        return Backend(request.param, kfan_kafka, 6, round_trip_records(), new_topic, check_exactly_once_in_order, 3, ids)
     if request.param == "mock":
         kfan: Kfan = request.getfixturevalue("kfan")
         cluster: MockCluster = request.getfixturevalue("cluster")
@@ -136,7 +146,7 @@ def backend(request: pytest.FixtureRequest) -> Backend:
 def test_round_trip(client: RoundTrip, backend: Backend) -> None:
     topic, group = backend.new_topic(), _name("g")
     trip = client(backend.kfan.bootstrap, topic, group, backend.records)
-    assert trip.brokers == [(0, backend.kfan.host, backend.kfan.port)]
+    assert sorted(trip.brokers) == backend.brokers()
     _check_trip(trip, backend.kfan.bootstrap, topic, group, backend.partitions, backend.check)
 
 
@@ -183,15 +193,19 @@ def kcat_round_trip_run(backend: Backend, kcat: Kcat) -> KcatRun:
 def test_kcat_metadata_shows_only_kfan(backend: Backend, kcat: Kcat) -> None:
     topic = backend.new_topic()
     md = kcat.metadata(backend.kfan.bootstrap, topic)
-    assert md["brokers"] == [{"id": 0, "name": backend.kfan.bootstrap}], md["brokers"]
-    assert md["controllerid"] == 0 and md["originating_broker"]["id"] == 0
+    ids = [i for i, _, _ in backend.brokers()]
+    assert sorted(md["brokers"], key=lambda b: b["id"]) == [{"id": i, "name": backend.kfan.bootstrap} for i in ids], md["brokers"]
+    assert md["controllerid"] in ids and md["originating_broker"]["id"] in ids
     [t] = md["topics"]
     assert t["topic"] == topic and "error" not in t, t
     assert [p["partition"] for p in t["partitions"]] == list(range(backend.partitions))
     for p in t["partitions"]:
-        # Every replica is kfan, and there are as many as the real ones: the replication factor tools show.
-        kfan_replicas = [{"id": 0}] * backend.replicas
-        assert (p["leader"], p["replicas"], p["isrs"]) == (0, kfan_replicas, kfan_replicas), p
+        if backend.broker_ids is None:
+            # Every replica is kfan, and there are as many as the real ones: the replication factor tools show.
+            kfan_replicas = [{"id": 0}] * backend.replicas
+            assert (p["leader"], p["replicas"], p["isrs"]) == (0, kfan_replicas, kfan_replicas), p
+        else:  # the brokers' own: every replica of the topic, the leader among them
+            assert sorted(r["id"] for r in p["replicas"]) == ids and p["leader"] in ids, p
 
 
 def test_kcat_produce_then_consume(backend: Backend, kcat_round_trip_run: KcatRun) -> None:

@@ -29,12 +29,15 @@ def _names(prefix: str) -> tuple[str, str]:
     return f"{prefix}-{tag}", f"{prefix}-g-{tag}"
 
 
-@pytest.fixture(params=["direct", "kfan"])
+@pytest.fixture(params=["direct", "kfan", "kfan-ids"])
 def target(request: pytest.FixtureRequest, apache_kafka: KafkaCluster) -> tuple[str, list[tuple[int, str, int]]]:
-    """Where the client connects, and the brokers its metadata must show."""
+    """Where the client connects, and the brokers its metadata must show (kfan-ids: ``--broker-ids cluster``)."""
     if request.param == "direct":
         return apache_kafka.bootstrap, sorted((i, host, port) for i, (host, port) in apache_kafka.brokers.items())
-    k: Kfan = request.getfixturevalue("kfan_kafka")
+    if request.param == "kfan-ids":
+        k: Kfan = request.getfixturevalue("kfan_kafka_ids")
+        return k.bootstrap, [(i, k.host, k.port) for i in sorted(apache_kafka.brokers)]
+    k = request.getfixturevalue("kfan_kafka")
     return k.bootstrap, [(0, k.host, k.port)]
 
 

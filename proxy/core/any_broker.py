@@ -6,7 +6,8 @@ APIs a ZooKeeper-era broker serves only on its controller go to the
 controller when it is known (the route's ``prefers_controller``). Answers
 that name brokers are rewritten to name kfan (the route's ``rewrite``, see
 :mod:`.identity`); a config request about kfan's own BROKER resource is
-answered by a real broker standing in for it.
+answered by a real broker standing in for it, and, with the cluster's ids,
+one about a broker's by that broker.
 """
 
 from __future__ import annotations
@@ -28,7 +29,14 @@ def plan(route: Route[Any], ctx: Context, hdr: RequestHeader, payload: memoryvie
     sub = whole(hdr, payload)
     stand_in: str | None = None  # the real broker answering for kfan's own node id
     topology = ctx.topology
-    if route.broker_configs is not None and topology.brokers:
+    if route.broker_configs is not None and ctx.identity.cluster_ids:
+        # A broker's own configs are answered by that broker (any other refuses them, as Kafka's ConfigHelper does).
+        named = [
+            b for r in request["resources"] if r["resource_type"] in BROKER_RESOURCES and (b := _broker_id(r["resource_name"])) is not None
+        ]
+        if named and named[0] in topology.brokers:
+            destination = named[0]
+    elif route.broker_configs is not None and topology.brokers:
         kfan_name = str(ctx.identity.node_id)
         if any(r["resource_type"] in BROKER_RESOURCES and r["resource_name"] == kfan_name for r in request["resources"]):
             # Broker configs are answered by the broker they name; kfan's are a backend broker's.
@@ -42,6 +50,11 @@ def plan(route: Route[Any], ctx: Context, hdr: RequestHeader, payload: memoryvie
     elif route.prefers_controller and topology.controller_id in topology.brokers:
         destination = topology.controller_id
     return Forward(hdr, True, route, ctx, request, {destination: sub}, merge, state=stand_in)
+
+
+def _broker_id(resource_name: object) -> int | None:
+    ok = isinstance(resource_name, str) and resource_name.isascii() and resource_name.isdigit() and len(resource_name) < 11
+    return int(resource_name) if ok else None  # type: ignore[arg-type]
 
 
 def merge(plan: Forward[str | None], answers: Answers) -> Reply:

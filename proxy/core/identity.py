@@ -1,10 +1,14 @@
 """Hiding the brokers behind kfan: every rewrite of broker identity in an
 answer, one function per API (Kroxylicious' NodeIdResponseTranslator).
 
-Clients see one broker, kfan: leaders, replicas, controllers, coordinators
-and broker lists in answers are rewritten to name it. The truth each answer
-carried goes to the I/O layer as effects (a Metadata answer to fold into the
-topology, coordinators learned), never to the client.
+As one broker (``--broker-ids kfan``), clients see kfan alone: leaders,
+replicas, controllers, coordinators and broker lists in answers are rewritten
+to name it. With the cluster's ids (``--broker-ids cluster``), clients see the
+brokers under their own node ids and racks, each at kfan's address: only
+addresses are rewritten. Either way the truth each answer carried goes to the
+I/O layer as effects (a Metadata answer to fold into the topology,
+coordinators learned), and preferred read replicas never reach a client
+(kfan follows them itself, by its own or the client's rack).
 """
 
 from __future__ import annotations
@@ -32,15 +36,21 @@ def describe_cluster(identity: Identity, request: Struct, response: Struct, spec
 
 
 def describe_topic_partitions(identity: Identity, request: Struct, response: Struct, spec: StructSpec) -> tuple[Struct, list[Effect]]:
+    if identity.cluster_ids:
+        return response, []
     return {**response, "topics": _topics_as_kfan(identity.node_id, response["topics"])}, []
 
 
 def list_partition_reassignments(identity: Identity, request: Struct, response: Struct, spec: StructSpec) -> tuple[Struct, list[Effect]]:
+    if identity.cluster_ids:
+        return response, []
     return {**response, "topics": _topics_as_kfan(identity.node_id, response["topics"])}, []
 
 
 def list_config_resources(identity: Identity, request: Struct, response: Struct, spec: StructSpec) -> tuple[Struct, list[Effect]]:
     """The brokers' BROKER and BROKER_LOGGER resources (named by broker id) become kfan's one node's."""
+    if identity.cluster_ids:
+        return response, []
     kfan_name = str(identity.node_id)
     entries: list[Struct] = []
     seen: set[int] = set()
@@ -72,7 +82,7 @@ def partitions(identity: Identity, body: Struct, layout: Layout) -> list[Effect]
 
     A partition answering a leadership error means the topology is stale: refresh it.
     """
-    leaders_named = False
+    named: set[int] = set()  # leaders the partitions name (KIP-951)
     stale = False
     for t in body[layout.topics]:
         for p in t[layout.partitions]:
@@ -84,13 +94,19 @@ def partitions(identity: Identity, body: Struct, layout: Layout) -> list[Effect]
                 p["preferred_read_replica"] = -1
             cl = p.get("current_leader")
             if cl is not None and cl.get("leader_id", -1) >= 0:
-                p["current_leader"] = {**cl, "leader_id": identity.node_id}
-                leaders_named = True
-    if "node_endpoints" in body or leaders_named:
-        if leaders_named:
-            body["node_endpoints"] = [{"node_id": identity.node_id, "host": identity.host, "port": identity.port, "rack": None}]
-        else:
+                named.add(cl["leader_id"])
+                if not identity.cluster_ids:
+                    p["current_leader"] = {**cl, "leader_id": identity.node_id}
+    if "node_endpoints" in body or named:
+        if not named:
             body.pop("node_endpoints", None)
+        elif identity.cluster_ids:
+            racks = {e["node_id"]: e.get("rack") for e in body.get("node_endpoints") or ()}
+            body["node_endpoints"] = [
+                {"node_id": n, "host": identity.host, "port": identity.port, "rack": racks.get(n)} for n in sorted(named)
+            ]
+        else:
+            body["node_endpoints"] = [{"node_id": identity.node_id, "host": identity.host, "port": identity.port, "rack": None}]
     return [RefreshTopology()] if stale else []
 
 
@@ -106,6 +122,17 @@ def _broker_entry(identity: Identity, base: Struct | None, id_field: str = "node
     if "is_fenced" in entry:
         entry["is_fenced"] = False
     return entry
+
+
+def _brokers_at_kfan(identity: Identity, brokers: list[Struct]) -> list[Struct]:
+    """The brokers under their own ids and racks, each at kfan's address."""
+    return [{**b, "host": identity.host, "port": identity.port} for b in brokers]
+
+
+def _controller(controller_id: int, brokers: list[Struct], id_field: str) -> int:
+    """The controller a client is shown: one of the brokers it is shown (KRaft brokers name any live one)."""
+    ids = [b[id_field] for b in brokers]
+    return controller_id if controller_id in ids else min(ids, default=-1)
 
 
 # Partition fields listing broker ids (Metadata, DescribeTopicPartitions, reassignments).
@@ -147,10 +174,16 @@ def rewrite_metadata(identity: Identity, response: Struct, broker_base: Struct |
     """
     out = dict(response)
     live = {b["node_id"] for b in response["brokers"]}
+    topics = [{**t, "partitions": [_without_absent_leader(p, live) for p in t["partitions"]]} for t in response["topics"]]
+    if identity.cluster_ids:
+        out["brokers"] = _brokers_at_kfan(identity, response["brokers"])
+        if "controller_id" in out:
+            out["controller_id"] = _controller(out["controller_id"], response["brokers"], "node_id")
+        out["topics"] = topics
+        return out
     out["brokers"] = [_broker_entry(identity, broker_base)]
     if "controller_id" in out:
         out["controller_id"] = identity.node_id
-    topics = [{**t, "partitions": [_without_absent_leader(p, live) for p in t["partitions"]]} for t in response["topics"]]
     out["topics"] = _topics_as_kfan(identity.node_id, topics)
     return out
 
@@ -175,7 +208,8 @@ def rewrite_config_resources(response: Struct, array: str, stand_in: str, kfan_n
 
 
 def rewrite_find_coordinator(identity: Identity, request: Struct, response: Struct) -> tuple[Struct, dict[Coordinator, int]]:
-    """Name kfan as the coordinator; return the real ones, learned on the way."""
+    """Name kfan as the coordinator (at its address, under the real id with ``cluster_ids``); return the real ones,
+    learned on the way."""
     raw_type = request.get("key_type", 0)
     # Key types kfan routes by; others (share groups, KIP-932: 2) are answered
     # all the same, but kfan sends nothing to their coordinators to remember.
@@ -187,7 +221,9 @@ def rewrite_find_coordinator(identity: Identity, request: Struct, response: Stru
         if e["error_code"] == 0:
             if key_type is not None:
                 learned[Coordinator(key_type, key)] = e["node_id"]
-            e.update(node_id=identity.node_id, host=identity.host, port=identity.port)
+            e.update(host=identity.host, port=identity.port)
+            if not identity.cluster_ids:
+                e["node_id"] = identity.node_id
         else:
             e.update(node_id=-1, host="", port=-1)
         return e
@@ -199,6 +235,10 @@ def rewrite_find_coordinator(identity: Identity, request: Struct, response: Stru
 
 def rewrite_describe_cluster(identity: Identity, response: Struct, broker_base: Struct | None = None) -> Struct:
     out = dict(response)
+    if identity.cluster_ids:
+        out["brokers"] = _brokers_at_kfan(identity, response["brokers"])
+        out["controller_id"] = _controller(response["controller_id"], response["brokers"], "broker_id")
+        return out
     out["brokers"] = [_broker_entry(identity, broker_base, "broker_id")]
     out["controller_id"] = identity.node_id
     return out

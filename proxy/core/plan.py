@@ -46,11 +46,17 @@ class BrokerUnavailable(Exception):
 
 @dataclass(frozen=True, slots=True)
 class Identity:
-    """kfan as its clients see it: one broker."""
+    """kfan as its clients see it (``--broker-ids``).
+
+    ``cluster_ids`` False: one broker, kfan, node ``node_id``. True: the cluster's own brokers, each under its own
+    node id, every one of them at kfan's address (so a client keeps a connection, and a Fetch in flight, per broker
+    as it would directly; kfan still splits whatever reaches it by the real leaders).
+    """
 
     node_id: int
     host: str
     port: int
+    cluster_ids: bool = False
 
 
 class KeyType(enum.IntEnum):

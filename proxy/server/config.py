@@ -88,7 +88,15 @@ OPTIONS: tuple[Option, ...] = (
     Option("bootstrap", parse_addresses, None, "brokers to bootstrap from; kfan starts when any one answers", "HOST:PORT[,...]"),
     Option("listen", parse_address, ("127.0.0.1", 9092), "where clients connect; port 0 picks a free port", "HOST:PORT"),
     Option("advertise", parse_address, None, "the address clients are told to use (default: the listen address)", "HOST:PORT"),
-    Option("node-id", int, 0, "the node id kfan reports as its own", "N"),
+    Option("node-id", int, 0, "the node id kfan reports as its own, with --broker-ids kfan", "N"),
+    Option(
+        "broker-ids",
+        _choice("kfan", "cluster"),
+        "kfan",
+        "what clients see as brokers: kfan alone (one node, --node-id), or the cluster's brokers under their own ids,"
+        " every one at kfan's address (a client then keeps a connection per broker, as directly)",
+        "kfan|cluster",
+    ),
     Option("metrics-listen", parse_address, None, "HTTP listener for /metrics, /healthz, /readyz (default: none)", "HOST:PORT"),
     Option("workers", int, 1, "processes serving the same port (SO_REUSEPORT)", "N"),
     Option(

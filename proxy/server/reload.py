@@ -43,6 +43,7 @@ RESTART_ONLY: dict[str, str] = {
     "listen": _LISTENERS,
     "advertise": _LISTENERS,
     "node_id": _LISTENERS,
+    "broker_ids": _LISTENERS,
     "metrics_listen": _LISTENERS,
     "workers": "the worker processes",
     "reuse_port": _LISTENERS,

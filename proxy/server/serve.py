@@ -48,6 +48,7 @@ class ServerConfig:
     listen: tuple[str, int] = ("127.0.0.1", 9092)
     advertise: tuple[str, int] | None = None  # defaults to the listen address
     node_id: int = 0
+    cluster_ids: bool = False  # --broker-ids cluster
     metadata_refresh_s: float = 30.0
     rack: str = ""  # kfan's own zone (--rack): sub-fetches carry it, to be served by replicas there
     read_replica_max_age_s: float = 300.0
@@ -303,8 +304,9 @@ async def serve(config: ServerConfig, task_status: trio.TaskStatus[Running] = tr
         adv_host, adv_port = config.advertise or (host, bound)
         if adv_port == 0:
             adv_port = bound
-        identity = Identity(config.node_id, adv_host, adv_port)
-        log.info("kfan listening on %s:%s, advertised as %s:%s (node %s)", host, bound, adv_host, adv_port, config.node_id)
+        identity = Identity(config.node_id, adv_host, adv_port, config.cluster_ids)
+        shown = "the cluster's broker ids" if config.cluster_ids else f"node {config.node_id}"
+        log.info("kfan listening on %s:%s, advertised as %s:%s (%s)", host, bound, adv_host, adv_port, shown)
         running = Running(bound, identity, cluster, metrics_port)
         running.live = live = Live(config.limits, config.security, config.quotas, config.shutdown_timeout_s, config.drain_period_s)
         running.pool = pool = MemoryPool(config.limits.max_buffered_bytes)

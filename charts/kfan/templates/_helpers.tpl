@@ -279,6 +279,7 @@ true
   "KFAN_LISTEN" "containerPorts.kafka"
   "KFAN_ADVERTISE" "advertise"
   "KFAN_NODE_ID" "nodeId"
+  "KFAN_BROKER_IDS" "brokerIds"
   "KFAN_METRICS_LISTEN" "containerPorts.metrics"
   "KFAN_WORKERS" "workers"
   "KFAN_SHUTDOWN_TIMEOUT" "shutdownTimeoutSeconds"
@@ -327,6 +328,7 @@ true
   "KFAN_BOOTSTRAP" (include "kfan.bootstrap" .)
   "KFAN_ADVERTISE" (include "kfan.advertise" .)
   "KFAN_NODE_ID" (toString (int .Values.nodeId))
+  "KFAN_BROKER_IDS" .Values.brokerIds
   "KFAN_WORKERS" (toString (int .Values.workers))
   "KFAN_SHUTDOWN_TIMEOUT" (toString .Values.shutdownTimeoutSeconds)
   "KFAN_DRAIN_PERIOD" (toString .Values.drainPeriodSeconds)

@@ -48,6 +48,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--acks", choices=("all", "1", "0"), default="all", help="producer acks (default all)")
     parser.add_argument(
+        "--broker-ids",
+        choices=("kfan", "cluster"),
+        default="kfan",
+        help="what kfan shows its clients as brokers (kfan serve --broker-ids; default kfan)",
+    )
+    parser.add_argument(
         "--duration",
         type=_seconds,
         default=60.0,

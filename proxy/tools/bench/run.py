@@ -110,7 +110,7 @@ def _measure(args: argparse.Namespace, progress: Progress) -> tuple[report.Resul
         )
         target = stack.enter_context(where)
         try:
-            kfan = start_kfan(target.bootstrap, log_level="WARNING", cwd=ROOT)
+            kfan = start_kfan(target.bootstrap, "--broker-ids", args.broker_ids, log_level="WARNING", cwd=ROOT)
         except RuntimeError as e:
             raise BenchError(str(e)) from None
         stack.callback(_stop, kfan, progress)  # before the brokers go (the stack unwinds in reverse)
@@ -132,6 +132,7 @@ def _measure(args: argparse.Namespace, progress: Progress) -> tuple[report.Resul
             "records": args.records,
             "rounds": None,  # set once run
             "acks": args.acks,
+            "broker_ids": args.broker_ids,
             "duration_cap_s": args.duration,
             "latency_records": args.latency_records,
             "slow_fetch_records": args.slow_fetch_records if target.kind == "embedded" else None,
@@ -154,7 +155,7 @@ def _measure(args: argparse.Namespace, progress: Progress) -> tuple[report.Resul
                 f"consumer latency, {args.slow_fetch_records} records per path; own cluster and kfan, brokers 2, 3 answer Fetch"
                 f" {slow_fetch.SLOW_MS} ms late",
             )
-            slow = slow_fetch.measure(args.slow_fetch_records, progress.update)
+            slow = slow_fetch.measure(args.slow_fetch_records, progress.update, args.broker_ids)
         result |= report.latency_figures("slow_fetch", slow)
         if slow is not None:
             progress.done(_p50s(result, "slow_fetch"))
@@ -162,7 +163,7 @@ def _measure(args: argparse.Namespace, progress: Progress) -> tuple[report.Resul
         if args.clients:
             result |= _many_clients(args, target, kfan, progress)
         context = [
-            f"kfan bench: {brokers}; kfan: one process ({kfan.bootstrap}, pid {kfan.pid}) from {ROOT}",
+            f"kfan bench: {brokers}; kfan: one process ({kfan.bootstrap}, pid {kfan.pid}, --broker-ids {args.broker_ids}) from {ROOT}",
             f"topic {target.topic}: {target.partitions} partitions ({target.topic_note})",
             f"{args.records:,} records of {args.record_size} B (+{measure.KEY_BYTES} B key) per path, acks={args.acks},"
             f" in {result['rounds']} rounds of produce then consume, the first path swapped every round; {os.cpu_count()} CPUs",

@@ -58,7 +58,7 @@ class _Path:
             self.slow_seen += 1
 
 
-def measure(records: int, update: Update) -> dict[str, list[float]]:
+def measure(records: int, update: Update, broker_ids: str = "kfan") -> dict[str, list[float]]:
     """Produce-to-consume latencies (ms) of ``records`` partition-0 records per path ("direct", "kfan")."""
     from proxy.tools.mock_cluster import MockCluster
 
@@ -70,7 +70,7 @@ def measure(records: int, update: Update) -> dict[str, list[float]]:
         for broker in SLOW_BROKERS:
             mock.push_broker_request_errors(broker, FETCH, [(0, SLOW_MS)] * 20_000)
         try:
-            kfan = start_kfan(mock.bootstrap, log_level="WARNING", cwd=ROOT)
+            kfan = start_kfan(mock.bootstrap, "--broker-ids", broker_ids, log_level="WARNING", cwd=ROOT)
         except RuntimeError as e:
             raise BenchError(f"slow-broker fetch: {e}") from None
         paths: list[_Path] = []

@@ -1,0 +1,150 @@
+"""``--broker-ids cluster``: clients see the cluster's brokers under their own ids, every one at kfan's address.
+
+The sans-IO rewrites, one API at a time: node ids, racks, replicas, leaders and
+the controller stay the brokers' own; every host and port becomes kfan's;
+preferred read replicas still never reach a client; a broker's own configs
+go to that broker. (The same clients through kfan in this mode, against
+Apache Kafka: tests/test_client_matrix.py.)
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import replace
+from typing import Any
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from kio.index import load_request_schema, load_response_schema
+
+from proxy.core import Context, Forward, Response, plan_request
+from proxy.core.plan import ANY_BROKER, FoldMetadata, LearnCoordinators
+from proxy.core.topology import Topology
+from proxy.kafka import apis, errors, schema
+from tests.support.core_inputs import ALL_VERSIONS, BROKERS, IDENTITY, effects_of
+from tests.support.kio_oracle import kio_decode, kio_encode, request_payload
+from tests.support.messages import answer_bytes, request_bytes
+
+CLUSTER_IDS = replace(IDENTITY, cluster_ids=True)
+KFAN = (CLUSTER_IDS.host, CLUSTER_IDS.port)
+
+
+def _merged(api_key: int, version: int, request: dict[str, Any], answer: dict[str, Any], leaders: Any = None) -> tuple[Any, Any]:
+    ctx = Context(CLUSTER_IDS, Topology(brokers=BROKERS, leaders=leaders or {}), ALL_VERSIONS)
+    plan = plan_request(ctx, request_bytes(api_key, version, request))
+    assert isinstance(plan, Forward)
+    (destination,) = plan.subs
+    reply = plan.merge(plan, {destination: Response(answer_bytes(api_key, version, answer))})
+    body = schema.decode_body(schema.response_spec(api_key, version), b"".join(bytes(p) for p in reply.body))
+    return body, reply
+
+
+@settings(max_examples=100, suppress_health_check=list(HealthCheck), deadline=None)
+@given(data=st.data())
+def test_metadata_names_the_brokers_by_their_ids_at_kfans_address(data: st.DataObject) -> None:
+    lo, hi = ALL_VERSIONS[apis.METADATA]
+    version = data.draw(st.integers(lo, hi))
+    req = data.draw(st.from_type(load_request_schema(apis.METADATA, version)))
+    resp = data.draw(st.from_type(load_response_schema(apis.METADATA, version)))
+    plan = plan_request(Context(CLUSTER_IDS, Topology(brokers=BROKERS), ALL_VERSIONS), request_payload(req))
+    assert isinstance(plan, Forward) and set(plan.subs) == {ANY_BROKER}
+    reply = plan.merge(plan, {ANY_BROKER: Response(answer_bytes(apis.METADATA, version, {}, 1)[:0] + _framed(resp, version))})
+    out = kio_decode(type(resp), b"".join(bytes(p) for p in reply.body))
+    shown = [(b.node_id, b.host, b.port, getattr(b, "rack", None)) for b in out.brokers]
+    assert shown == [(b.node_id, *KFAN, getattr(b, "rack", None)) for b in resp.brokers]
+    live = {b.node_id for b in resp.brokers}
+    if hasattr(out, "controller_id"):
+        assert out.controller_id == (resp.controller_id if resp.controller_id in live else min(live, default=-1))
+    for t, t0 in zip(out.topics, resp.topics, strict=True):
+        for p, p0 in zip(t.partitions, t0.partitions, strict=True):
+            if p0.leader_id >= 0 and p0.leader_id not in live:
+                assert p.leader_id == -1 and p.error_code.value == (p0.error_code.value or errors.LEADER_NOT_AVAILABLE)
+            else:
+                assert p.leader_id == p0.leader_id and p.error_code == p0.error_code
+            assert (p.replica_nodes, p.isr_nodes) == (p0.replica_nodes, p0.isr_nodes)
+    assert len(effects_of(reply, FoldMetadata)) == 1
+
+
+def _framed(resp: Any, version: int) -> bytes:
+    from proxy.kafka.headers import response_header
+
+    return response_header(apis.METADATA, version, 1) + kio_encode(resp)
+
+
+def test_find_coordinator_keeps_the_coordinators_id_and_gives_kfans_address() -> None:
+    single, reply = _merged(
+        apis.FIND_COORDINATOR, 3, {"key": "g", "key_type": 0}, {"node_id": 2, "host": "b2", "port": 9002, "error_code": 0}
+    )
+    assert (single["node_id"], single["host"], single["port"]) == (2, *KFAN)
+    batched, _ = _merged(
+        apis.FIND_COORDINATOR,
+        4,
+        {"key_type": 0, "coordinator_keys": ["g", "h"]},
+        {"coordinators": [
+            {"key": "g", "node_id": 3, "host": "b3", "port": 9003, "error_code": 0, "error_message": None},
+            {"key": "h", "node_id": 7, "host": "x", "port": 1, "error_code": errors.COORDINATOR_NOT_AVAILABLE, "error_message": None},
+        ]},
+    )  # fmt: skip
+    assert [(c["node_id"], c["host"], c["port"]) for c in batched["coordinators"]] == [(3, *KFAN), (-1, "", -1)]
+    (learned,) = effects_of(reply, LearnCoordinators)
+    assert list(learned.coordinators.values()) == [2]
+
+
+def test_describe_cluster_lists_every_broker_at_kfans_address() -> None:
+    brokers = [{"broker_id": i, "host": f"b{i}", "port": 9000 + i, "rack": f"r{i}"} for i in (1, 2, 3)]
+    body, _ = _merged(apis.DESCRIBE_CLUSTER, 1, {}, {"brokers": brokers, "controller_id": 3})
+    assert [(b["broker_id"], b["host"], b["port"], b["rack"]) for b in body["brokers"]] == [(i, *KFAN, f"r{i}") for i in (1, 2, 3)]
+    assert body["controller_id"] == 3
+    gone, _ = _merged(apis.DESCRIBE_CLUSTER, 1, {}, {"brokers": brokers[:2], "controller_id": 3})
+    assert gone["controller_id"] == 1, "a controller the client cannot be shown is replaced by a broker it is shown"
+
+
+def test_a_produce_answers_leader_hint_keeps_the_leaders_id_at_kfans_address() -> None:
+    """KIP-951: the leader a partition moved to, by its own id; its endpoint is kfan's (the rack the broker's)."""
+    partition = {"index": 0, "error_code": errors.NOT_LEADER_OR_FOLLOWER, "base_offset": -1, "log_append_time": -1,
+                 "log_start_offset": -1, "record_errors": [], "error_message": None,
+                 "current_leader": {"leader_id": 3, "leader_epoch": 9}}  # fmt: skip
+    answer = {
+        "responses": [{"name": "t", "partition_responses": [partition]}],
+        "node_endpoints": [{"node_id": 3, "host": "b3", "port": 9003, "rack": "r3"}],
+    }
+    request = {"acks": -1, "timeout": 1000, "topic_data": [{"name": "t", "partition_data": [{"index": 0, "records": None}]}]}
+    body, _ = _merged(apis.PRODUCE, 10, request, answer, leaders={"t": {0: 2}})
+    (p,) = body["responses"][0]["partition_responses"]
+    assert p["current_leader"] == {"leader_id": 3, "leader_epoch": 9}
+    assert [(e["node_id"], e["host"], e["port"], e["rack"]) for e in body["node_endpoints"]] == [(3, *KFAN, "r3")]
+
+
+def test_a_fetch_answers_preferred_read_replica_is_still_hidden() -> None:
+    partition = {"partition_index": 0, "error_code": 0, "high_watermark": 5, "last_stable_offset": 5, "log_start_offset": 0,
+                 "aborted_transactions": None, "preferred_read_replica": 3, "records": None}  # fmt: skip
+    request = {"max_wait": 0, "min_bytes": 1, "max_bytes": 1 << 20, "session_epoch": -1, "rack_id": "r3", "replica_id": -1,
+               "topics": [{"topic": "t", "partitions": [{"partition": 0, "fetch_offset": 0, "partition_max_bytes": 1 << 20}]}]}  # fmt: skip
+    body, _ = _merged(apis.FETCH, 12, request, {"responses": [{"topic": "t", "partitions": [partition]}]}, leaders={"t": {0: 1}})
+    assert body["responses"][0]["partitions"][0]["preferred_read_replica"] == -1
+
+
+def test_a_brokers_configs_go_to_that_broker_and_name_it() -> None:
+    for broker in (1, 3):
+        request = {"resources": [{"resource_type": 4, "resource_name": str(broker), "configuration_keys": None}]}
+        ctx = Context(CLUSTER_IDS, Topology(brokers=BROKERS), ALL_VERSIONS)
+        plan = plan_request(ctx, request_bytes(apis.DESCRIBE_CONFIGS, 4, request))
+        assert isinstance(plan, Forward) and set(plan.subs) == {broker}
+        results = [{"resource_type": 4, "resource_name": str(broker), "configs": [], "error_code": 0, "error_message": None}]
+        reply = plan.merge(plan, {broker: Response(answer_bytes(apis.DESCRIBE_CONFIGS, 4, {"results": results}))})
+        body = schema.decode_body(schema.response_spec(apis.DESCRIBE_CONFIGS, 4), b"".join(bytes(p) for p in reply.body))
+        assert body["results"][0]["resource_name"] == str(broker)
+    for name in ("42", "9", "", "１"):  # kfan's own --node-id is no broker here; nor an absent one, nor a non-ASCII digit
+        request = {"resources": [{"resource_type": 4, "resource_name": name, "configuration_keys": None}]}
+        plan = plan_request(Context(CLUSTER_IDS, Topology(brokers=BROKERS), ALL_VERSIONS), request_bytes(apis.DESCRIBE_CONFIGS, 4, request))
+        assert isinstance(plan, Forward) and set(plan.subs) == {ANY_BROKER}, name
+
+
+def test_describe_topic_partitions_keeps_the_replicas() -> None:
+    partition = {"partition_index": 0, "leader_id": 2, "leader_epoch": 1, "replica_nodes": [2, 3, 1], "isr_nodes": [2, 3],
+                 "error_code": 0, "offline_replicas": [], "eligible_leader_replicas": None, "last_known_elr": None}  # fmt: skip
+    topic = {"name": "t", "topic_id": uuid.uuid4(), "is_internal": False, "topic_authorized_operations": -2147483648}
+    answer = {"topics": [{**topic, "partitions": [partition], "error_code": 0}], "next_cursor": None}
+    body, _ = _merged(apis.DESCRIBE_TOPIC_PARTITIONS, 0, {"topics": [{"name": "t"}], "response_partition_limit": 10}, answer)
+    (p,) = body["topics"][0]["partitions"]
+    assert (p["leader_id"], p["replica_nodes"], p["isr_nodes"]) == (2, [2, 3, 1], [2, 3])
