@@ -20,7 +20,7 @@ from pathlib import Path
 
 # The tree this kfan was imported from. The child imports the same code, so a
 # bench copied into another checkout measures that checkout's kfan.
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 SERVING = r"kfan: serving on (\S+):(\d+)"  # the line kfan prints once it accepts clients
 START_TIMEOUT_S = 30.0
