@@ -16,6 +16,7 @@ from typing import Any
 
 import trio
 
+from proxy.core.advertised import MAX_PORT
 from proxy.runtime.audit import Audit, FileSink
 from proxy.runtime.lifeline import LIFELINE_ENV, watch_lifeline
 from proxy.runtime.logs import setup_logging
@@ -200,6 +201,15 @@ def _limits(options: Mapping[str, Any]) -> Limits:
     )
 
 
+def _broker_port_base(options: dict[str, Any]) -> int:
+    base: int = options["broker_port_base"]
+    if base and options["broker_ids"] != "cluster":
+        raise ValueError("--broker-port-base is used only with --broker-ids cluster")
+    if not 0 <= base <= MAX_PORT:
+        raise ValueError(f"--broker-port-base {base} is not a port")
+    return base
+
+
 def _config(options: dict[str, Any], bootstrap: list[tuple[str, int]], reuse_port: bool = False) -> ServerConfig:
     return ServerConfig(
         bootstrap=bootstrap,
@@ -207,6 +217,7 @@ def _config(options: dict[str, Any], bootstrap: list[tuple[str, int]], reuse_por
         advertise=options["advertise"],
         node_id=options["node_id"],
         cluster_ids=options["broker_ids"] == "cluster",
+        broker_port_base=_broker_port_base(options),
         metadata_refresh_s=options["metadata_refresh"],
         rack=options["rack"] or "",
         read_replica_max_age_s=options["read_replica_max_age"],

@@ -20,7 +20,7 @@ from tests.support import scheduling
 from tests.support.apache_kafka.cluster import KafkaCluster
 from tests.support.apache_kafka.distribution import KAFKA_3, KAFKA_4
 from tests.support.kcat import Kcat, KcatUnavailable, ensure_kcat
-from tests.support.kfan import Kfan, kfan_for_session
+from tests.support.kfan import Kfan, kfan_for_session, start_kfan_with_broker_ports
 from tests.support.tansu import Tansu
 
 settings.register_profile("kfan", deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
@@ -79,6 +79,16 @@ def kfan_kafka(apache_kafka: KafkaCluster) -> Iterator[Kfan]:
 def kfan_kafka_ids(apache_kafka: KafkaCluster) -> Iterator[Kfan]:
     """kfan in front of Apache Kafka, showing clients the brokers' own ids (``--broker-ids cluster``)."""
     yield from kfan_for_session(apache_kafka.bootstrap, "kfan (apache kafka, cluster ids)", "--broker-ids", "cluster")
+
+
+@pytest.fixture(scope="session")
+def kfan_kafka_ports(apache_kafka: KafkaCluster) -> Iterator[tuple[Kfan, int]]:
+    """kfan in front of Apache Kafka showing the brokers' own ids, each at a port of its own (``--broker-port-base``),
+    and that base."""
+    k, base = start_kfan_with_broker_ports(apache_kafka.bootstrap, sorted(apache_kafka.brokers), "--metadata-refresh", "2")
+    yield k, base
+    alive, code = k.alive(), k.stop()
+    assert alive and code == 0, "kfan (broker ports) died or did not stop cleanly:\n" + "".join(k.log[-50:])
 
 
 @pytest.fixture(scope="module")

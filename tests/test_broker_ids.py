@@ -9,6 +9,8 @@ Apache Kafka: tests/test_client_matrix.py.)
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import uuid
 from dataclasses import replace
 from typing import Any
@@ -148,3 +150,36 @@ def test_describe_topic_partitions_keeps_the_replicas() -> None:
     body, _ = _merged(apis.DESCRIBE_TOPIC_PARTITIONS, 0, {"topics": [{"name": "t"}], "response_partition_limit": 10}, answer)
     (p,) = body["topics"][0]["partitions"]
     assert (p["leader_id"], p["replica_nodes"], p["isr_nodes"]) == (2, [2, 3, 1], [2, 3])
+
+
+def test_with_a_port_base_each_broker_is_shown_at_its_own_port_of_kfans_host() -> None:
+    """``--broker-port-base 30000``: broker N at kfan's host, port 30000 + N, wherever an answer names it."""
+    ports = replace(CLUSTER_IDS, port_base=30000)
+    ctx = Context(ports, Topology(brokers=BROKERS), ALL_VERSIONS)
+    brokers = [{"node_id": i, "host": f"b{i}", "port": 9000 + i, "rack": None} for i in (1, 2, 3)]
+    plan = plan_request(ctx, request_bytes(apis.METADATA, 12, {"topics": [], "allow_auto_topic_creation": False}))
+    assert isinstance(plan, Forward)
+    answer = answer_bytes(apis.METADATA, 12, {"brokers": brokers, "controller_id": 1, "topics": [], "cluster_id": "c"})
+    reply = plan.merge(plan, {ANY_BROKER: Response(answer)})
+    body = schema.decode_body(schema.response_spec(apis.METADATA, 12), b"".join(bytes(p) for p in reply.body))
+    assert [(b["node_id"], b["host"], b["port"]) for b in body["brokers"]] == [(i, CLUSTER_IDS.host, 30000 + i) for i in (1, 2, 3)]
+    plan = plan_request(ctx, request_bytes(apis.FIND_COORDINATOR, 3, {"key": "g", "key_type": 0}))
+    assert isinstance(plan, Forward)
+    answer = answer_bytes(apis.FIND_COORDINATOR, 3, {"node_id": 2, "host": "b2", "port": 9002, "error_code": 0})
+    reply = plan.merge(plan, {ANY_BROKER: Response(answer)})
+    found = schema.decode_body(schema.response_spec(apis.FIND_COORDINATOR, 3), b"".join(bytes(p) for p in reply.body))
+    assert (found["node_id"], found["host"], found["port"]) == (2, CLUSTER_IDS.host, 30002)
+    # A broker id the base cannot give a port (beyond 65535) is shown at kfan's own port.
+    assert replace(CLUSTER_IDS, port_base=65000).port_of(1000) == CLUSTER_IDS.port
+    assert replace(CLUSTER_IDS, port_base=65000).port_of(535) == 65535
+
+
+def test_a_port_base_without_the_clusters_ids_is_refused_at_start() -> None:
+    for args, complaint in (
+        (["--broker-port-base", "30000"], "--broker-port-base is used only with --broker-ids cluster"),
+        (["--broker-ids", "cluster", "--broker-port-base", "70000"], "--broker-port-base 70000 is not a port"),
+    ):
+        done = subprocess.run(
+            [sys.executable, "-m", "proxy", "serve", "--bootstrap", "127.0.0.1:1", *args], capture_output=True, text=True, timeout=60
+        )
+        assert done.returncode != 0 and complaint in done.stderr, done.stderr

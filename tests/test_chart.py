@@ -69,6 +69,7 @@ EVERYTHING: dict[str, Any] = {
     "advertise": "kfan.example.com:19092",
     "nodeId": 7,
     "brokerIds": "cluster",
+    "brokerPortBase": 30000,
     "rack": "us-east-1b",
     "workers": 2,
     "logLevel": "DEBUG",
@@ -545,7 +546,7 @@ def test_every_kfan_variable_and_flag_is_a_real_kfan_option(tmp_path: Path) -> N
     assert options["advertise"] == ("kfan.example.com", 19092)
     assert options["listen"] == ("0.0.0.0", 9192)
     assert (options["node_id"], options["workers"], options["log_level"], options["log_json"]) == (7, 2, "DEBUG", True)
-    assert options["broker_ids"] == "cluster"
+    assert (options["broker_ids"], options["broker_port_base"]) == ("cluster", 30000)
     assert options["rack"] == "us-east-1b"
     assert (options["shutdown_timeout"], options["max_inflight"], options["max_frame_bytes"]) == (12.5, 512, 52428800)
     assert {k: options[k] for k in ("max_connection_bytes", "max_buffered_bytes", "fetch_ahead_bytes")} == {

@@ -17,8 +17,13 @@ per library, tests/support/round_trip.py), against
   topic replicated on all three, checked as on the mock; and each client's same
   round trip straight to those brokers (``test_round_trip_directly_against_apache_kafka``),
   with the same checks;
-- ``kafka-ids``: the same through kfan showing the brokers' own ids
-  (``kfan_kafka_ids``, ``--broker-ids cluster``).
+- ``kafka-ids``: the same through kfan showing the brokers' own ids, every
+  one at kfan's address (``kfan_kafka_ids``, ``--broker-ids cluster``); not
+  kcat, whose librdkafka 2.0.2 keeps one connection for all the brokers at one
+  address (it moves it from node id to node id and fetches from one broker
+  only: librdkafka issue 4212);
+- ``kafka-ports``: the same with a port per broker id (``kfan_kafka_ports``,
+  ``--broker-port-base``), kcat included.
 
 Every record exactly once, per-partition order kept; the client's metadata
 shows exactly one broker, kfan (with the brokers' ids: every broker, each at
@@ -84,10 +89,11 @@ class Backend:
     check: Callable[[list[Row]], None] = field(repr=False)
     replicas: int = 1  # each partition's replication factor
     broker_ids: list[int] | None = None  # --broker-ids cluster: the brokers' ids the client sees (else kfan's, 0)
+    port_base: int = 0  # --broker-port-base: broker N at port_base + N
 
     def brokers(self) -> list[tuple[int, str, int]]:
-        """The brokers a client's metadata must show: each at kfan's address."""
-        return [(i, self.kfan.host, self.kfan.port) for i in self.broker_ids or [0]]
+        """The brokers a client's metadata must show: each at kfan's address (or its own port of kfan's)."""
+        return [(i, self.kfan.host, self.port_base + i if self.port_base else self.kfan.port) for i in self.broker_ids or [0]]
 
 
 def _tansu_topic(kfan: Kfan) -> str:
@@ -98,7 +104,29 @@ def _tansu_topic(kfan: Kfan) -> str:
     return name
 
 
-@pytest.fixture(scope="module", params=["confluent-kafka", "kafka-python", "aiokafka", "kcat"])
+CLIENTS = ["confluent-kafka", "kafka-python", "aiokafka", "kcat"]
+BACKENDS = ["mock", "tansu", "kafka", "kafka-ids", "kafka-ports"]
+NEEDS_PORTS = {"kcat"}  # clients that tell brokers apart by address, not by node id
+
+
+def _serves(client: str, backend: str) -> bool:
+    return not (client in NEEDS_PORTS and backend == "kafka-ids")
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """Every client on every backend it can use (module-scoped, so each kfan and topic setup runs once)."""
+    names = metafunc.fixturenames
+    if "client" in names and "backend" in names:
+        pairs = [(c, b) for b in BACKENDS for c in CLIENTS if _serves(c, b)]
+        metafunc.parametrize(("client", "backend"), pairs, indirect=True, scope="module", ids=[f"{c}-{b}" for c, b in pairs])
+    elif "backend" in names:
+        backends = [b for b in BACKENDS if "kcat" not in names or _serves("kcat", b)]
+        metafunc.parametrize("backend", backends, indirect=True, scope="module")
+    elif "client" in names:
+        metafunc.parametrize("client", CLIENTS, indirect=True, scope="module")
+
+
+@pytest.fixture(scope="module")
 def client(request: pytest.FixtureRequest) -> RoundTrip:
     """The client library's round trip (tests/support/round_trip.py)."""
     if request.param == "kcat":
@@ -113,14 +141,18 @@ def _kafka_topic(kafka: KafkaCluster) -> str:
     return name
 
 
-@pytest.fixture(scope="module", params=["mock", "tansu", "kafka", "kafka-ids"])
+@pytest.fixture(scope="module")
 def backend(request: pytest.FixtureRequest) -> Backend:
     if request.param.startswith("kafka"):
         kafka: KafkaCluster = request.getfixturevalue("apache_kafka")
-        ids = sorted(kafka.brokers) if request.param == "kafka-ids" else None
-        kfan_kafka: Kfan = request.getfixturevalue("kfan_kafka_ids" if ids else "kfan_kafka")
+        port_base = 0
+        if request.param == "kafka-ports":
+            kfan_kafka, port_base = request.getfixturevalue("kfan_kafka_ports")
+        else:
+            kfan_kafka = request.getfixturevalue("kfan_kafka_ids" if request.param == "kafka-ids" else "kfan_kafka")
+        ids = None if request.param == "kafka" else sorted(kafka.brokers)
         new_topic = lambda: _kafka_topic(kafka)  # noqa: E731
-        return Backend(request.param, kfan_kafka, 6, round_trip_records(), new_topic, check_exactly_once_in_order, 3, ids)
+        return Backend(request.param, kfan_kafka, 6, round_trip_records(), new_topic, check_exactly_once_in_order, 3, ids, port_base)
     if request.param == "mock":
         kfan: Kfan = request.getfixturevalue("kfan")
         cluster: MockCluster = request.getfixturevalue("cluster")
@@ -194,8 +226,10 @@ def test_kcat_metadata_shows_only_kfan(backend: Backend, kcat: Kcat) -> None:
     topic = backend.new_topic()
     md = kcat.metadata(backend.kfan.bootstrap, topic)
     ids = [i for i, _, _ in backend.brokers()]
-    assert sorted(md["brokers"], key=lambda b: b["id"]) == [{"id": i, "name": backend.kfan.bootstrap} for i in ids], md["brokers"]
-    assert md["controllerid"] in ids and md["originating_broker"]["id"] in ids
+    shown = [{"id": i, "name": f"{host}:{port}"} for i, host, port in backend.brokers()]
+    assert sorted(md["brokers"], key=lambda b: b["id"]) == shown, md["brokers"]
+    # With a port per broker, kcat's bootstrap address is no broker's: it reports the answer as the bootstrap's (-1).
+    assert md["controllerid"] in ids and md["originating_broker"]["id"] in ids + ([-1] if backend.port_base else [])
     [t] = md["topics"]
     assert t["topic"] == topic and "error" not in t, t
     assert [p["partition"] for p in t["partitions"]] == list(range(backend.partitions))

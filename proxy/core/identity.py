@@ -103,7 +103,7 @@ def partitions(identity: Identity, body: Struct, layout: Layout) -> list[Effect]
         elif identity.cluster_ids:
             racks = {e["node_id"]: e.get("rack") for e in body.get("node_endpoints") or ()}
             body["node_endpoints"] = [
-                {"node_id": n, "host": identity.host, "port": identity.port, "rack": racks.get(n)} for n in sorted(named)
+                {"node_id": n, "host": identity.host, "port": identity.port_of(n), "rack": racks.get(n)} for n in sorted(named)
             ]
         else:
             body["node_endpoints"] = [{"node_id": identity.node_id, "host": identity.host, "port": identity.port, "rack": None}]
@@ -126,7 +126,8 @@ def _broker_entry(identity: Identity, base: Struct | None, id_field: str = "node
 
 def _brokers_at_kfan(identity: Identity, brokers: list[Struct]) -> list[Struct]:
     """The brokers under their own ids and racks, each at kfan's address."""
-    return [{**b, "host": identity.host, "port": identity.port} for b in brokers]
+    id_field = "node_id" if brokers and "node_id" in brokers[0] else "broker_id"
+    return [{**b, "host": identity.host, "port": identity.port_of(b[id_field])} for b in brokers]
 
 
 def _controller(controller_id: int, brokers: list[Struct], id_field: str) -> int:
@@ -221,9 +222,10 @@ def rewrite_find_coordinator(identity: Identity, request: Struct, response: Stru
         if e["error_code"] == 0:
             if key_type is not None:
                 learned[Coordinator(key_type, key)] = e["node_id"]
-            e.update(host=identity.host, port=identity.port)
-            if not identity.cluster_ids:
-                e["node_id"] = identity.node_id
+            if identity.cluster_ids:
+                e.update(host=identity.host, port=identity.port_of(e["node_id"]))
+            else:
+                e.update(node_id=identity.node_id, host=identity.host, port=identity.port)
         else:
             e.update(node_id=-1, host="", port=-1)
         return e

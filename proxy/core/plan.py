@@ -25,6 +25,7 @@ from ..kafka.records import Invalid
 from ..kafka.schema import Struct, StructSpec
 from ..kafka.wire import Parts
 from .acls import Access, Decision
+from .advertised import MAX_PORT, Identity  # noqa: F401 (Identity is the core's, imported from here too)
 from .layout import Layout, TopicKey, TopicPartition
 from .read_replicas import ReadReplicaKey
 from .share_state import KeepShareSession, ReopenShareSessions, ShareKey, ShareSession
@@ -42,21 +43,6 @@ class ClosesConnection(Exception):
 
 class BrokerUnavailable(Exception):
     """A broker failure that no error code in the response can express: close the client connection."""
-
-
-@dataclass(frozen=True, slots=True)
-class Identity:
-    """kfan as its clients see it (``--broker-ids``).
-
-    ``cluster_ids`` False: one broker, kfan, node ``node_id``. True: the cluster's own brokers, each under its own
-    node id, every one of them at kfan's address (so a client keeps a connection, and a Fetch in flight, per broker
-    as it would directly; kfan still splits whatever reaches it by the real leaders).
-    """
-
-    node_id: int
-    host: str
-    port: int
-    cluster_ids: bool = False
 
 
 class KeyType(enum.IntEnum):

@@ -16,12 +16,14 @@ from __future__ import annotations
 import errno
 import logging
 import os
+import socket
 from collections.abc import Awaitable, Callable
 from typing import Any, NoReturn
 
 import trio
 
 from backends.backoff import FAILURE_LOG_INTERVAL_S, FailureLog, left_out
+from proxy.runtime import metrics
 
 log = logging.getLogger("kfan.server")
 
@@ -83,3 +85,21 @@ async def _run_handler(stream: trio.abc.AsyncResource, handler: Handler) -> None
         await handler(stream)
     finally:
         await trio.aclose_forcefully(stream)
+
+
+async def listen(host: str, port: int, reuse_port: bool, flag: str = "--listen") -> trio.SocketListener:
+    """A listening socket; with ``reuse_port`` several processes share the port and the kernel spreads connections.
+
+    An address that cannot be bound is :class:`~proxy.runtime.metrics.ListenFailed`: the CLI says so in one line."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = trio.socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    if reuse_port:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    try:
+        await sock.bind((host, port))
+        sock.listen(1024)
+    except OSError as e:
+        sock.close()
+        raise metrics.ListenFailed(f"cannot listen on {host}:{port} ({flag}): {e}") from None
+    return trio.SocketListener(sock)

@@ -97,6 +97,14 @@ OPTIONS: tuple[Option, ...] = (
         " every one at kfan's address (a client then keeps a connection per broker, as directly)",
         "kfan|cluster",
     ),
+    Option(
+        "broker-port-base",
+        int,
+        0,
+        "with --broker-ids cluster: show broker N at port BASE+N of kfan's host, and listen there too, for clients that"
+        " tell brokers apart by address (0: every broker at kfan's own port)",
+        "BASE",
+    ),
     Option("metrics-listen", parse_address, None, "HTTP listener for /metrics, /healthz, /readyz (default: none)", "HOST:PORT"),
     Option("workers", int, 1, "processes serving the same port (SO_REUSEPORT)", "N"),
     Option(

@@ -44,6 +44,7 @@ RESTART_ONLY: dict[str, str] = {
     "advertise": _LISTENERS,
     "node_id": _LISTENERS,
     "broker_ids": _LISTENERS,
+    "broker_port_base": _LISTENERS,
     "metrics_listen": _LISTENERS,
     "workers": "the worker processes",
     "reuse_port": _LISTENERS,

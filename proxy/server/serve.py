@@ -13,7 +13,6 @@ import ctypes
 import logging
 import random
 import resource
-import socket
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,9 +27,10 @@ from proxy.core import Identity
 from proxy.runtime import metrics
 from proxy.runtime.budget import MemoryPool
 from proxy.runtime.telemetry import ClientTelemetry
-from proxy.server.accept import serve_listeners
+from proxy.server.accept import listen, serve_listeners
 from proxy.server.admission import serve_client
 from proxy.server.audit_topic import TopicSink
+from proxy.server.broker_ports import BrokerPorts
 from proxy.server.connection import Limits
 from proxy.server.governance import Governance
 from proxy.server.prelogin import PreLogin
@@ -49,6 +49,7 @@ class ServerConfig:
     advertise: tuple[str, int] | None = None  # defaults to the listen address
     node_id: int = 0
     cluster_ids: bool = False  # --broker-ids cluster
+    broker_port_base: int = 0  # --broker-port-base: broker N also at BASE+N
     metadata_refresh_s: float = 30.0
     rack: str = ""  # kfan's own zone (--rack): sub-fetches carry it, to be served by replicas there
     read_replica_max_age_s: float = 300.0
@@ -218,24 +219,6 @@ def _limit_text(n: int) -> str:
     return "unlimited" if n == resource.RLIM_INFINITY else str(n)
 
 
-async def _listen(host: str, port: int, reuse_port: bool) -> trio.SocketListener:
-    """A listening socket; with ``reuse_port`` several processes share the port and the kernel spreads connections.
-
-    An address that cannot be bound is :class:`~proxy.runtime.metrics.ListenFailed`: the CLI says so in one line."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = trio.socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    if reuse_port:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-    try:
-        await sock.bind((host, port))
-        sock.listen(1024)
-    except OSError as e:
-        sock.close()
-        raise metrics.ListenFailed(f"cannot listen on {host}:{port} (--listen): {e}") from None
-    return trio.SocketListener(sock)
-
-
 def give_freed_frames_back() -> None:
     """Keep large blocks (frames, brokers' answers) mmapped, so that freeing one gives it back to the system.
 
@@ -299,12 +282,15 @@ async def serve(config: ServerConfig, task_status: trio.TaskStatus[Running] = tr
                 governance.audit.sink.cluster = cluster
             nursery.start_soon(governance.audit.run)
         host, port = config.listen
-        listener = await _listen(host, port, config.reuse_port)
+        listener = await listen(host, port, config.reuse_port)
         bound = listener.socket.getsockname()[1]
         adv_host, adv_port = config.advertise or (host, bound)
         if adv_port == 0:
             adv_port = bound
-        identity = Identity(config.node_id, adv_host, adv_port, config.cluster_ids)
+        identity = Identity(config.node_id, adv_host, adv_port, config.cluster_ids, config.broker_port_base)
+        broker_ports = BrokerPorts(host, config.broker_port_base, config.reuse_port, cluster) if config.broker_port_base else None
+        if broker_ports is not None:
+            await broker_ports.open_known()  # before kfan says it serves: clients told of these ports find them
         shown = "the cluster's broker ids" if config.cluster_ids else f"node {config.node_id}"
         log.info("kfan listening on %s:%s, advertised as %s:%s (%s)", host, bound, adv_host, adv_port, shown)
         running = Running(bound, identity, cluster, metrics_port)
@@ -335,7 +321,10 @@ async def serve(config: ServerConfig, task_status: trio.TaskStatus[Running] = tr
         task_status.started(running)
         async with trio.open_nursery() as clients:
             with trio.CancelScope() as running._accepting:
-                await serve_listeners(handler, [listener], handler_nursery=clients)  # trio's, without its log flood at the fd limit
+                async with trio.open_nursery() as accepting:
+                    if broker_ports is not None:
+                        accepting.start_soon(broker_ports.serve, handler, clients)
+                    await serve_listeners(handler, [listener], handler_nursery=clients)  # trio's, without its log flood at the fd limit
             await trio.aclose_forcefully(listener)
             # Accepting stopped (shutdown): the connections finish in this nursery.
         nursery.cancel_scope.cancel()

@@ -5,6 +5,8 @@ The launching itself lives in :mod:`proxy.tools.bench.processes`, shared with ``
 
 from __future__ import annotations
 
+import random
+import socket
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 
@@ -12,7 +14,7 @@ from proxy.tools.bench.processes import SERVING, Kfan
 from proxy.tools.bench.processes import start_kfan as _start_kfan
 from proxy.tools.mock_cluster import MockCluster
 
-__all__ = ["SERVING", "Kfan", "kfan_at", "kfan_for_session", "kfan_on", "start_kfan"]
+__all__ = ["SERVING", "Kfan", "kfan_at", "kfan_for_session", "kfan_on", "start_kfan", "start_kfan_with_broker_ports"]
 
 
 def start_kfan(
@@ -55,3 +57,29 @@ def kfan_at(bootstrap: str, *extra: str, log_level: str | None = "INFO") -> Iter
     code = k.stop()
     assert alive, "kfan died during the test:\n" + "".join(k.log[-60:])
     assert code == 0, f"kfan did not stop cleanly (exit {code}):\n" + "".join(k.log[-60:])
+
+
+def _free(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def start_kfan_with_broker_ports(bootstrap: str, broker_ids: list[int], *extra: str, attempts: int = 8) -> tuple[Kfan, int]:
+    """``kfan serve --broker-ids cluster --broker-port-base BASE`` and BASE: one whose ports for ``broker_ids`` were free
+    a moment before; should another process take one first, kfan cannot listen there, and another base is tried."""
+    failures = []
+    for _ in range(attempts):
+        base = random.randrange(20_000, 60_000 - max(broker_ids))
+        if not all(_free(base + i) for i in broker_ids):
+            continue
+        try:
+            return start_kfan(bootstrap, "--broker-ids", "cluster", "--broker-port-base", str(base), *extra), base
+        except RuntimeError as e:
+            if "cannot listen" not in str(e):
+                raise
+            failures.append(str(e).splitlines()[-1])
+    raise RuntimeError(f"no free ports for brokers {broker_ids} in {attempts} tries: {failures}")

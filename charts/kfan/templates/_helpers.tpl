@@ -280,6 +280,7 @@ true
   "KFAN_ADVERTISE" "advertise"
   "KFAN_NODE_ID" "nodeId"
   "KFAN_BROKER_IDS" "brokerIds"
+  "KFAN_BROKER_PORT_BASE" "brokerPortBase"
   "KFAN_METRICS_LISTEN" "containerPorts.metrics"
   "KFAN_WORKERS" "workers"
   "KFAN_SHUTDOWN_TIMEOUT" "shutdownTimeoutSeconds"
@@ -329,6 +330,7 @@ true
   "KFAN_ADVERTISE" (include "kfan.advertise" .)
   "KFAN_NODE_ID" (toString (int .Values.nodeId))
   "KFAN_BROKER_IDS" .Values.brokerIds
+  "KFAN_BROKER_PORT_BASE" (toString (int .Values.brokerPortBase))
   "KFAN_WORKERS" (toString (int .Values.workers))
   "KFAN_SHUTDOWN_TIMEOUT" (toString .Values.shutdownTimeoutSeconds)
   "KFAN_DRAIN_PERIOD" (toString .Values.drainPeriodSeconds)
