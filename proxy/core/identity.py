@@ -124,9 +124,8 @@ def _broker_entry(identity: Identity, base: Struct | None, id_field: str = "node
     return entry
 
 
-def _brokers_at_kfan(identity: Identity, brokers: list[Struct]) -> list[Struct]:
+def _brokers_at_kfan(identity: Identity, brokers: list[Struct], id_field: str = "node_id") -> list[Struct]:
     """The brokers under their own ids and racks, each at kfan's address."""
-    id_field = "node_id" if brokers and "node_id" in brokers[0] else "broker_id"
     return [{**b, "host": identity.host, "port": identity.port_of(b[id_field])} for b in brokers]
 
 
@@ -238,7 +237,7 @@ def rewrite_find_coordinator(identity: Identity, request: Struct, response: Stru
 def rewrite_describe_cluster(identity: Identity, response: Struct, broker_base: Struct | None = None) -> Struct:
     out = dict(response)
     if identity.cluster_ids:
-        out["brokers"] = _brokers_at_kfan(identity, response["brokers"])
+        out["brokers"] = _brokers_at_kfan(identity, response["brokers"], "broker_id")
         out["controller_id"] = _controller(response["controller_id"], response["brokers"], "broker_id")
         return out
     out["brokers"] = [_broker_entry(identity, broker_base, "broker_id")]
