@@ -13,7 +13,7 @@ from __future__ import annotations
 import mmap
 import struct
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from .wire import Malformed, Parts
 
@@ -41,8 +41,9 @@ def frame(parts: Iterable[bytes | memoryview]) -> bytes:
     return b"".join(frame_parts(parts))
 
 
-def _frame_buffer(n: int) -> bytearray | memoryview:
-    """A writable buffer of ``n`` bytes for a frame received in place.
+def _frame_buffer(n: int, mapped: Callable[[int], memoryview] | None) -> bytearray | memoryview:
+    """A writable buffer of ``n`` bytes for a frame received in place (``mapped``: where a large one's
+    mapping comes from, when not a fresh one: :mod:`proxy.runtime.mapped` keeps them for reuse).
 
     A large one is an anonymous mapping: its pages are faulted in by the reads
     that fill it (spread over them, as the bytes arrive) rather than zeroed all
@@ -50,7 +51,9 @@ def _frame_buffer(n: int) -> bytearray | memoryview:
     a 2-core VM, with every other client waiting behind it); and it goes back
     to the system as soon as the last view of it is dropped.
     """
-    return memoryview(mmap.mmap(-1, n)) if n >= MAPPED_FROM else bytearray(n)
+    if n < MAPPED_FROM:
+        return bytearray(n)
+    return memoryview(mmap.mmap(-1, n)) if mapped is None else mapped(n)
 
 
 class FrameReader:
@@ -130,10 +133,10 @@ class FrameReader:
         """The first ``n`` bytes buffered (fewer if fewer are), left buffered."""
         return self._peek(min(n, self._buffered)) if self._buffered and self._frame is None else b""
 
-    def receive_buffer(self, at_least: int, at_most: int) -> memoryview | None:
+    def receive_buffer(self, at_least: int, at_most: int, mapped: Callable[[int], memoryview] | None = None) -> memoryview | None:
         """Where to receive the rest of the frame begun, when at least ``at_least`` bytes of it are
         still to come and the frame is at most ``at_most`` bytes (None: feed chunks). The caller
-        reports what it wrote with :meth:`received`."""
+        reports what it wrote with :meth:`received`. ``mapped``: where a large frame's mapping comes from."""
         if self._skip:
             return None
         if self._frame is None:
@@ -147,7 +150,7 @@ class FrameReader:
                 return None
             if 4 + self._need < MAPPED_FROM and wanted > 4 * self._buffered:
                 return None
-            self._frame = _frame_buffer(4 + self._need)
+            self._frame = _frame_buffer(4 + self._need, mapped)
             self._filled = 0
             for chunk in self._chunks:  # everything buffered belongs to this frame
                 self._frame[self._filled : self._filled + len(chunk)] = chunk

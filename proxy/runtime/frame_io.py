@@ -17,6 +17,7 @@ from collections.abc import Iterable
 import trio
 
 from proxy.kafka.frames import MAPPED_FROM, FrameReader, frame_parts
+from proxy.runtime import mapped
 
 # Below this a frame is joined: one copy of a few KiB costs less than a scatter list.
 JOIN_BELOW = 16 * 1024
@@ -128,7 +129,7 @@ async def receive_into(stream: trio.abc.Stream, reader: FrameReader, max_in_plac
     ``max_in_place``: the largest frame received so (a broker link, whose
     answers no client sizes, may allow more than a client connection).
     """
-    buffer = reader.receive_buffer(READ_CHUNK, max_in_place)
+    buffer = reader.receive_buffer(READ_CHUNK, max_in_place, mapped.take)
     if buffer is None or not isinstance(stream, trio.SocketStream):
         # TLS: what it decrypts is copied into the frame's buffer as it comes (never joined whole at the end).
         data = await stream.receive_some(receive_size(reader))

@@ -72,6 +72,8 @@ from tests.support.records import record_batch
 # --- the world the fuzzed requests live in -------------------------------------------
 
 IDENTITY = Identity(node_id=42, host="kfan.example", port=19092)
+# --broker-ids cluster: the brokers' own ids at kfan's address, or at a port each.
+IDENTITIES = (IDENTITY, dataclasses.replace(IDENTITY, cluster_ids=True), dataclasses.replace(IDENTITY, cluster_ids=True, port_base=29090))
 BROKERS = {i: Broker(i, f"broker{i}.internal", 9000 + i, f"zone-{'abc'[i - 1]}") for i in (1, 2, 3)}
 ORDERS_ID = uuid.UUID("5a1f3c2e-0000-4000-8000-000000000001")
 EVENTS_ID = uuid.UUID("5a1f3c2e-0000-4000-8000-000000000002")
@@ -133,9 +135,9 @@ def _fuzz_acls() -> Any:
     )
 
 
-def context(looked_up: bool = False, judged: bool = False) -> Context:
+def context(looked_up: bool = False, judged: bool = False, identity: Identity = IDENTITY) -> Context:
     """The context a client connection plans with (``looked_up``: after resolving the coordinators a plan asked for;
-    ``judged``: by ACLs, --authorizer acls)."""
+    ``judged``: by ACLs, --authorizer acls; ``identity``: kfan as its clients see it)."""
     names = {f.name for f in dataclasses.fields(Context)}
     extra: dict[str, Any] = {}
     if "coordinator_of" in names:
@@ -151,22 +153,25 @@ def context(looked_up: bool = False, judged: bool = False) -> Context:
         from proxy.core.acls import Access
 
         extra["access"] = Access(_fuzz_acls(), "User:fuzz", "10.0.0.1")
-    return Context(IDENTITY, TOPOLOGY, API_VERSIONS, **extra)
+    return Context(identity, TOPOLOGY, API_VERSIONS, **extra)
 
 
 CONTEXT = context()
-CONTEXT_LOOKED_UP = context(looked_up=True)
-JUDGED = context(judged=True)
-JUDGED_LOOKED_UP = context(looked_up=True, judged=True)
+# (identity, looked up, judged) -> the context
+_CONTEXTS = {
+    (i, looked_up, judged): context(looked_up, judged, i) for i in IDENTITIES for looked_up in (False, True) for judged in (False, True)
+}
 
 
 def plan(payload: bytes | memoryview, judged: bool = False) -> Plan:
     """Plan a request as the connection does: again, once the coordinators it names were looked up, when it asks.
 
-    ``judged``: by ACLs first (--authorizer acls), as a governed kfan plans."""
-    first = plan_request(JUDGED if judged else CONTEXT, payload)
+    ``judged``: by ACLs first (--authorizer acls), as a governed kfan plans. Each of kfan's identities
+    (:data:`IDENTITIES`, ``--broker-ids``) plans a third of the requests, by their bytes."""
+    identity = IDENTITIES[zlib.crc32(payload) % len(IDENTITIES)]
+    first = plan_request(_CONTEXTS[identity, False, judged], payload)
     if isinstance(first, NeedCoordinators):
-        return plan_request(JUDGED_LOOKED_UP if judged else CONTEXT_LOOKED_UP, payload)
+        return plan_request(_CONTEXTS[identity, True, judged], payload)
     return first
 
 
