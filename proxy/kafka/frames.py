@@ -48,8 +48,10 @@ def _frame_buffer(n: int, mapped: Callable[[int], memoryview] | None) -> bytearr
     A large one is an anonymous mapping: its pages are faulted in by the reads
     that fill it (spread over them, as the bytes arrive) rather than zeroed all
     at once by ``bytearray`` in one step of the event loop (12 ms for 12 MiB on
-    a 2-core VM, with every other client waiting behind it); and it goes back
-    to the system as soon as the last view of it is dropped.
+    a 2-core VM, with every other client waiting behind it). A fresh one goes
+    back to the system as soon as the last view of it is dropped; one from
+    ``mapped`` is kept for the next large frame, its pages already in memory
+    (counted by that keeper's own bound).
     """
     if n < MAPPED_FROM:
         return bytearray(n)
@@ -142,8 +144,9 @@ class FrameReader:
         if self._frame is None:
             # A size prefix alone must not make kfan allocate what the sender
             # may never send: a buffer of memory once a fifth of the frame is
-            # here; a mapped one at once, as its pages take memory only when
-            # bytes are received into them (and the bytes buffered before it,
+            # here; a mapped one at once, as a fresh one's pages take memory
+            # only when bytes are received into them and a kept one's are
+            # within its keeper's bound (and the bytes buffered before it,
             # copied in one step, stay few).
             wanted = self.wanted()
             if self._need is None or wanted < at_least or self._need > at_most:

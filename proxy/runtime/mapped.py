@@ -36,7 +36,7 @@ import trio
 from proxy.runtime.reclaim import release_later
 
 RETAINED_BYTES = 64 * 1024 * 1024
-IDLE_SECONDS = 5.0  # a mapping not handed out for this long is given back (a burst's leave no trace at rest)
+IDLE_SECONDS = 5.0  # a mapping not handed out for this long is given back (a burst leaves no trace at rest)
 _GRAIN = 1024 * 1024  # mappings are made in whole MiB, so that frames of similar size share them
 # A mapping's references when nothing views it: the entry that keeps it, and getrefcount's argument.
 _UNVIEWED = 2
