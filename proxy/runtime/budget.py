@@ -48,11 +48,11 @@ class MemoryPool:
 
     def add(self, n: int) -> None:
         self.used += n
-        metrics.BUFFERED_BYTES.inc(n)
+        metrics.count(metrics.BUFFERED_BYTES, (), n)
 
     def sub(self, n: int) -> None:
         self.used -= n
-        metrics.BUFFERED_BYTES.dec(n)
+        metrics.count(metrics.BUFFERED_BYTES, (), -n)
         if n > 0:
             self._freed.notify()
 

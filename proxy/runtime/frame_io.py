@@ -46,10 +46,47 @@ _SIZE = struct.Struct(">i")
 _IOV_MAX = min(os.sysconf("SC_IOV_MAX") if hasattr(os, "sysconf") else 1024, 1024)
 
 
+def send_small_now(stream: trio.abc.Stream, parts: Iterable[bytes | memoryview]) -> tuple[int, bytes | memoryview] | None:
+    """A small frame on a plain socket, written as far as the socket takes it at once: the frame's size and
+    what is left to write (empty: all of it went), for :func:`send_rest`. None: not such a frame, nothing
+    written (:func:`send_frame` writes it).
+
+    Most small frames go whole this way, without trio's send: that yields to the scheduler after every
+    write (a pass of the event loop per frame), and its caller's deadline scope costs as much again.
+    """
+    if not isinstance(stream, trio.SocketStream):
+        return None
+    framed = frame_parts(parts)
+    total = 4 + _SIZE.unpack(framed[0])[0]
+    if total >= JOIN_BELOW:
+        return None
+    return total, _write_now(stream, b"".join(framed))
+
+
+def _write_now(stream: trio.SocketStream, data: bytes) -> bytes | memoryview:
+    """``data`` written as far as the socket takes it without waiting: what is left."""
+    try:
+        sent = os.write(stream.socket.fileno(), data)
+    except BlockingIOError:
+        sent = 0
+    except OSError as e:
+        raise trio.BrokenResourceError(f"socket connection broken: {e}") from e
+    return memoryview(data)[sent:] if sent < len(data) else b""
+
+
+async def send_rest(stream: trio.abc.Stream, total: int, rest: bytes | memoryview) -> int:
+    """What :func:`send_small_now` left of a frame of ``total`` bytes, written; ``total``."""
+    if rest:
+        await stream.send_all(rest)
+    return total
+
+
 async def send_frame(stream: trio.abc.Stream, parts: Iterable[bytes | memoryview]) -> int:
     """Write the frame of ``parts`` (their size prefix added here); the bytes written."""
     framed = frame_parts(parts)
     total = 4 + _SIZE.unpack(framed[0])[0]  # the payload's size, summed once by frame_parts
+    if total < JOIN_BELOW and isinstance(stream, trio.SocketStream):
+        return await send_rest(stream, total, _write_now(stream, b"".join(framed)))
     if total < JOIN_BELOW or (total < MAPPED_FROM and not isinstance(stream, trio.SocketStream)):
         await stream.send_all(b"".join(framed))
         return total

@@ -319,11 +319,11 @@ class ClientConnection:
                 first = False
                 self._receiver.sync_partial(reader)
                 continue
-            metrics.BYTES.labels("client_in").inc(len(payload) + 4)
+            metrics.count(metrics.BYTES, ("client_in",), len(payload) + 4)
             if self._login is not None and (answer := await self._login.admit(payload, reader)) is not None:
                 # kfan's own SASL answer, in its place in the response order.
                 slot = ResponseSlot(0, answer.api_key)
-                metrics.CLIENT_REQUESTS.labels(str(answer.api_key), "-").inc()
+                metrics.count(metrics.CLIENT_REQUESTS, (answer.api_key, "-"))
                 await self._orderer.place(slot)
                 slot.parts, slot.close_after = answer.parts, answer.close
                 slot.done.set()

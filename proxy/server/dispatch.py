@@ -182,7 +182,7 @@ class Dispatcher:
         self.cluster.flights.landed(pending)
         if pending.done_at is not None and pending.created_at >= submitted_at:
             latency = pending.done_at - pending.created_at
-            metrics.BROKER_LATENCY.labels(str(pending.broker), str(plan.header.api_key)).observe(latency)
+            metrics.observe(metrics.BROKER_LATENCY, (pending.broker, plan.header.api_key), latency)
         return Response(payload)
 
 

@@ -158,8 +158,8 @@ class Forwarder:
             self.throttle.read(slot, h, len(payload), time.thread_time() - cpu)
         if read_at is not None:
             slot.captured = (read_at, bytes(payload), ctx.topology)
-        metrics.CLIENT_REQUESTS.labels(str(h.api_key), str(h.api_version)).inc()
-        metrics.FANOUT.labels(str(h.api_key)).observe(len(plan.subs) if isinstance(plan, Forward) else 0)
+        metrics.count(metrics.CLIENT_REQUESTS, (h.api_key, h.api_version))
+        metrics.observe(metrics.FANOUT, (h.api_key,), len(plan.subs) if isinstance(plan, Forward) else 0)
         await self.orderer.place(slot)
         if isinstance(plan, LocalReply):
             _count_errors(plan.errors)
@@ -209,7 +209,7 @@ class Forwarder:
             return None
         _count_errors(reply.errors)
         for (broker, locality), n in reply.fetched.items():
-            metrics.FETCH_BYTES.labels(str(broker), locality).inc(n)
+            metrics.count(metrics.FETCH_BYTES, (broker, locality), n)
         self._answer(slot, plan.header, reply.body, found.handles, found.answers, plan.route.shares_answers)
         return reply
 
@@ -345,7 +345,7 @@ def _describe(h: RequestHeader) -> str:
 
 def _count_errors(counts: Mapping[tuple[int, int], int]) -> None:
     for (code, broker), n in counts.items():
-        metrics.ERRORS.labels(str(code), str(broker if isinstance(broker, int) else -1)).inc(n)
+        metrics.count(metrics.ERRORS, (code, broker if isinstance(broker, int) else -1), n)
 
 
 def _capture_row(

@@ -78,7 +78,7 @@ class ResponseOrderer:
     async def place(self, slot: ResponseSlot) -> None:
         """Give ``slot`` the next place in the order; it takes the room :meth:`make_room` kept."""
         assert self._holding, "a slot placed without room for it"
-        metrics.INFLIGHT.inc()
+        metrics.count(metrics.INFLIGHT)
         self.inflight += 1
         await self._send.send(slot)
         self._holding = False  # the slot has the token now; the writer gives it back
@@ -90,12 +90,12 @@ class ResponseOrderer:
         except trio.EndOfChannel:
             return None
         await slot.done.wait()
-        metrics.INFLIGHT.dec()
+        metrics.count(metrics.INFLIGHT, (), -1)
         self.inflight -= 1
         self._capacity.release()
         return slot
 
     def abandon(self) -> None:
         """The connection ended: the slots still placed will never be written."""
-        metrics.INFLIGHT.dec(self.inflight)
+        metrics.count(metrics.INFLIGHT, (), -self.inflight)
         self.inflight = 0

@@ -270,6 +270,7 @@ async def serve(config: ServerConfig, task_status: trio.TaskStatus[Running] = tr
         if config.metrics_listen is not None:
             metrics_port = await nursery.start(metrics.serve_http, *config.metrics_listen, cluster.readiness)
         await nursery.start(cluster.run)
+        nursery.start_soon(metrics.flush_forever)  # the request path's metric updates, added up
         nursery.start_soon(mapped.forget_idle_forever)  # large frames' mappings, kept for reuse, given back when idle
         check_fd_capacity(fd_limit, len(cluster.topology.brokers), config.limits.max_connections)
         capture = Capture(config.capture) if config.capture is not None else None

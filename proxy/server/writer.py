@@ -18,7 +18,7 @@ import trio
 from proxy.kafka.frames import MAPPED_FROM
 from proxy.runtime import metrics
 from proxy.runtime.budget import Budget
-from proxy.runtime.frame_io import send_frame
+from proxy.runtime.frame_io import send_frame, send_rest, send_small_now
 from proxy.runtime.reclaim import release_later
 from proxy.server.limits import Limits
 from proxy.server.ordering import ResponseOrderer
@@ -48,22 +48,26 @@ async def write_answers(
             await trio.sleep_until(throttle.until)
         if slot.parts is not None:
             # A client that stops reading its answers must not hold them (and us) for ever.
-            written = 0
-            timeout = limits().frame_timeout
-            with trio.move_on_after(timeout) as writing:
-                written = await send_frame(stream, slot.parts)
-            if writing.cancelled_caught:
-                log.warning("client %s: did not read a response within %.0f s, closing", client, timeout)
-                raise Closing("frame_timeout")
+            now = send_small_now(stream, slot.parts)
+            if now is not None and not now[1]:
+                written = now[0]  # taken whole at once: no deadline needed
+            else:
+                written = 0
+                timeout = limits().frame_timeout
+                with trio.move_on_after(timeout) as writing:
+                    written = await (send_frame(stream, slot.parts) if now is None else send_rest(stream, *now))
+                if writing.cancelled_caught:
+                    log.warning("client %s: did not read a response within %.0f s, closing", client, timeout)
+                    raise Closing("frame_timeout")
             receiver.last_active = trio.current_time()  # idle counts from the last byte either way
-            metrics.BYTES.labels("client_out").inc(written)
+            metrics.count(metrics.BYTES, ("client_out",), written)
         if slot.close_after is not None:
             # Let the client read the answer and leave first (the reader still sees its EOF,
             # and refuses anything else it sends): closing under an answer in flight lets
             # some clients lose it to a reset or an unannounced TLS end.
             await trio.sleep(CLOSE_LINGER)
             raise Closing(slot.close_after)
-        metrics.CLIENT_LATENCY.labels(str(slot.api_key)).observe(trio.current_time() - slot.started)
+        metrics.observe(metrics.CLIENT_LATENCY, (slot.api_key,), trio.current_time() - slot.started)
         budget.release(slot.size)
         if slot.size >= MAPPED_FROM:
             release_later(slot.parts)  # the brokers' answers it holds are let go of off the event loop
