@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from proxy.kafka.frames import MAPPED_FROM, FrameReader, frame, frame_parts
 from proxy.kafka.wire import Malformed
+from proxy.runtime import frame_io
 from proxy.runtime.frame_io import JOIN_BELOW, receive_into, send_frame
 
 
@@ -129,3 +130,38 @@ async def test_a_frame_written_as_parts_reads_back_whole_over_tcp(sizes: list[in
     await client.aclose()
     await listener.aclose()
     assert got == [b"".join(parts)]
+
+
+async def test_reads_that_find_bytes_waiting_still_let_other_tasks_run(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A read served from bytes already in the socket does not wait; every YIELD_EVERY-th one yields anyway,
+    so a peer that never stops sending cannot hold the event loop (and its bytes reach the reader first)."""
+    monkeypatch.setattr(frame_io, "YIELD_EVERY", 1)
+    a, b = trio.socket.socketpair()
+    server = trio.SocketStream(a)
+    sent = b"".join(frame([bytes([i % 256]) * 96]) for i in range(1200))  # 120,000 bytes: two reads' worth
+    assert await b.send(sent) == len(sent)
+    ticks = 0
+
+    async def tick() -> None:
+        nonlocal ticks
+        while True:
+            ticks += 1
+            await trio.lowlevel.checkpoint()
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(tick)
+        await trio.sleep(0.01)
+        reader, got, reads, before = FrameReader(max_frame_bytes=1000), 0, 0, ticks
+        while got < len(sent):
+            n = await receive_into(server, reader)
+            assert n > 0
+            got, reads = got + n, reads + 1
+        # (trio runs the ready tasks in a random order: the other task has run by the read after the one that yielded)
+        assert reads >= 2 and ticks - before >= reads - 1, "reads that found their bytes waiting did not yield"
+        nursery.cancel_scope.cancel()
+    frames = []
+    while (payload := reader.next_frame()) is not None:
+        frames.append(bytes(payload))
+    assert frames == [bytes([i % 256]) * 96 for i in range(1200)]
+    a.close()
+    b.close()
