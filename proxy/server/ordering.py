@@ -72,7 +72,10 @@ class ResponseOrderer:
     async def make_room(self) -> None:
         """Until there is room for one more request in flight (kept for the next :meth:`place`)."""
         if not self._holding:
-            await self._capacity.acquire()
+            try:
+                self._capacity.acquire_nowait()  # the usual case: no pass of the scheduler for it
+            except trio.WouldBlock:
+                await self._capacity.acquire()
             self._holding = True
 
     async def place(self, slot: ResponseSlot) -> None:
@@ -80,16 +83,20 @@ class ResponseOrderer:
         assert self._holding, "a slot placed without room for it"
         metrics.count(metrics.INFLIGHT)
         self.inflight += 1
-        await self._send.send(slot)
+        self._send.send_nowait(slot)  # never full: the room taken keeps at most max_inflight slots in it
         self._holding = False  # the slot has the token now; the writer gives it back
 
     async def next_answered(self) -> ResponseSlot | None:
         """The next slot in request order, once it is answered; None when the reader is done and every slot is out."""
         try:
-            slot = await self._receive.receive()
+            try:
+                slot = self._receive.receive_nowait()  # no pass of the scheduler when one is there
+            except trio.WouldBlock:
+                slot = await self._receive.receive()
         except trio.EndOfChannel:
             return None
-        await slot.done.wait()
+        if not slot.done.is_set():
+            await slot.done.wait()
         metrics.count(metrics.INFLIGHT, (), -1)
         self.inflight -= 1
         self._capacity.release()
