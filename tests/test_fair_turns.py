@@ -1,8 +1,8 @@
 """A client connection takes turns with the rest of the process however much its client pipelines.
 
 Serving a request takes no pass of the scheduler when nothing has to wait
-(its room in the response order, its slot, its answer), so the connection's
-reader yields every YIELD_EVERY requests it serves from bytes already read.
+(its room in the response order, its slot, its answer), so the response
+order makes the connection's reader yield every YIELD_EVERY slots it places.
 """
 
 from __future__ import annotations

@@ -160,7 +160,7 @@ def _bulk_turns() -> trio.CapacityLimiter:
 # Reads served from bytes already in the socket do not wait, so they do not yield
 # to the scheduler: every YIELD_EVERY-th such read (in the process) yields, so
 # that a peer that never stops sending cannot hold the event loop. A client's
-# reader and writer yield as often (requests served, answers written).
+# reader and writer yield as often (slots placed and taken in the response order).
 YIELD_EVERY = 8
 _reads_without_wait = 0
 

@@ -51,7 +51,6 @@ from proxy.kafka.headers import peek_request
 from proxy.kafka.wire import Malformed
 from proxy.runtime import metrics
 from proxy.runtime.budget import Budget, MemoryPool
-from proxy.runtime.frame_io import YIELD_EVERY
 from proxy.runtime.telemetry import ClientTelemetry
 from proxy.security.tls import looks_like_tls
 from proxy.server.broker_login import confirm_login
@@ -281,7 +280,6 @@ class ClientConnection:
         logging_in = self._login is not None and self._login.pending
         reader = self._reader = FrameReader(self.limits.login.max_receive_bytes if logging_in else self.limits.max_frame_bytes)
         first = True  # no byte read yet
-        unyielding = 0  # requests served since the reader last let others run
         while True:
             await self._orderer.make_room()  # before reading: at most max_inflight requests read and not yet answered
             if self._receiver.expiring():
@@ -303,7 +301,6 @@ class ClientConnection:
             self._receiver.sync_partial(reader)
             if payload is None:
                 n = await self._receiver.receive(busy=lambda: self._orderer.inflight > 0, reader=reader)
-                unyielding = 0
                 if n is None:
                     return  # draining: every complete request read is answered; no new ones
                 if not n:
@@ -335,11 +332,5 @@ class ClientConnection:
                 await self._forwarder.take(payload)  # the request is the forwarder's from here to its answer
             except Unanswerable as e:
                 raise Closing(e.reason) from e
-            unyielding += 1
-            if unyielding >= YIELD_EVERY:
-                # Serving a request takes no pass of the scheduler when nothing has to wait: a client
-                # pipelining many requests in one read must not hold the event loop for all of them.
-                unyielding = 0
-                await trio.lowlevel.checkpoint()
 
     # --- writing ---------------------------------------------------------------------

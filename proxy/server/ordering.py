@@ -22,6 +22,7 @@ import trio
 from proxy.core.topology import Topology
 from proxy.kafka.wire import Parts
 from proxy.runtime import metrics
+from proxy.runtime.frame_io import YIELD_EVERY
 
 
 class ResponseSlot:
@@ -62,6 +63,16 @@ class ResponseOrderer:
         # Never full: the tokens keep at most max_inflight slots in it.
         self._send, self._receive = trio.open_memory_channel[ResponseSlot](max_inflight)
         self.inflight = 0  # slots placed and not yet handed to the writer
+        self._turns = {"placed": 0, "taken": 0}  # since the reader's / the writer's last yield
+
+    async def _take_turns(self, side: str) -> None:
+        """Yield every YIELD_EVERY calls: placing a slot and taking an answered one wait for nothing in the usual
+        case, so a client pipelining many requests in one read (or with many answers ready) would otherwise hold
+        the event loop for all of them."""
+        self._turns[side] += 1
+        if self._turns[side] >= YIELD_EVERY:
+            self._turns[side] = 0
+            await trio.lowlevel.checkpoint()
 
     async def __aenter__(self) -> ResponseOrderer:
         return self
@@ -81,6 +92,7 @@ class ResponseOrderer:
     async def place(self, slot: ResponseSlot) -> None:
         """Give ``slot`` the next place in the order; it takes the room :meth:`make_room` kept."""
         assert self._holding, "a slot placed without room for it"
+        await self._take_turns("placed")
         metrics.count(metrics.INFLIGHT)
         self.inflight += 1
         self._send.send_nowait(slot)  # never full: the room taken keeps at most max_inflight slots in it
@@ -88,6 +100,7 @@ class ResponseOrderer:
 
     async def next_answered(self) -> ResponseSlot | None:
         """The next slot in request order, once it is answered; None when the reader is done and every slot is out."""
+        await self._take_turns("taken")
         try:
             try:
                 slot = self._receive.receive_nowait()  # no pass of the scheduler when one is there

@@ -18,7 +18,7 @@ import trio
 from proxy.kafka.frames import MAPPED_FROM
 from proxy.runtime import metrics
 from proxy.runtime.budget import Budget
-from proxy.runtime.frame_io import YIELD_EVERY, send_frame, send_rest, send_small_now
+from proxy.runtime.frame_io import send_frame, send_rest, send_small_now
 from proxy.runtime.reclaim import release_later
 from proxy.server.limits import Limits
 from proxy.server.ordering import ResponseOrderer
@@ -39,7 +39,6 @@ async def write_answers(
     scope: trio.CancelScope,
 ) -> None:
     """Until the reader is done and every answer is written (then ``scope`` is cancelled); ``limits``: as they are now."""
-    written_since_yield = 0
     while (slot := await orderer.next_answered()) is not None:
         if slot.close is not None:
             raise Closing(slot.close)
@@ -73,10 +72,5 @@ async def write_answers(
         if slot.size >= MAPPED_FROM:
             release_later(slot.parts)  # the brokers' answers it holds are let go of off the event loop
             slot.parts = None
-        written_since_yield += 1
-        if written_since_yield >= YIELD_EVERY:
-            # Answers already in are written without a pass of the scheduler: others run every few.
-            written_since_yield = 0
-            await trio.lowlevel.checkpoint()
     # The client closed its side and every response is written.
     scope.cancel()
