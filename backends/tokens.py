@@ -18,7 +18,7 @@ from typing import Any
 
 import trio
 
-from proxy.kafka import apis
+from proxy.kafka import apis, errors
 from proxy.kafka.headers import decode_response
 
 from .control import ControlLinks
@@ -26,6 +26,8 @@ from .coordinators import ANSWER_FAILURES
 
 # Kafka's error codes for delegation tokens.
 TOKEN_ERRORS = {
+    errors.REQUEST_TIMED_OUT: "the broker could not reach the controller in time",
+    errors.NOT_CONTROLLER: "the broker asked was not the controller",
     61: "delegation tokens are not enabled at the brokers (delegation.token.secret.key)",
     62: "the token is not found",
     63: "kfan is neither the token's owner nor a renewer",
@@ -43,8 +45,23 @@ class Token:
     expiry_ms: int  # when it expires unless renewed (epoch milliseconds)
 
 
+# What a broker answers when it could not reach the controller in time (a token request is forwarded there):
+# the request may succeed when asked again.
+PASSING = frozenset({errors.REQUEST_TIMED_OUT, errors.NETWORK_EXCEPTION, errors.NOT_CONTROLLER})
+
+
 class TokenRefused(Exception):
-    """The brokers would not make, renew or expire the token: why, in words."""
+    """The brokers would not make, renew or expire the token: why, in words; ``code`` is Kafka's error code
+    (None: no broker answered)."""
+
+    def __init__(self, why: str, code: int | None = None) -> None:
+        super().__init__(why)
+        self.code = code
+
+    @property
+    def passing(self) -> bool:
+        """Whether asking again may succeed: no broker answered, or the one that did could not reach the controller."""
+        return self.code is None or self.code in PASSING
 
 
 async def create_token(control: ControlLinks, brokers: Iterable[int], owner: str, renewer: str | None) -> Token:
@@ -103,6 +120,6 @@ async def _ask(control: ControlLinks, brokers: Iterable[int], api: int, version:
             continue
         code = answer["error_code"]
         if code != 0:
-            raise TokenRefused(TOKEN_ERRORS.get(code, f"error {code}"))
+            raise TokenRefused(TOKEN_ERRORS.get(code, f"error {code}"), code)
         return answer
     raise TokenRefused("no broker answered: " + "; ".join(failures) if failures else "no broker is known")

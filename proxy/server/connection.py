@@ -242,14 +242,14 @@ class ClientConnection:
         finally:
             self._audit_connection("closed", reason=reason)
             self._orderer.abandon()  # requests the connection's end abandoned
-            if self._login is not None and self._login.tokens is not None:
-                await self._login.tokens.expire()  # shielded, bounded
             self._budget.release_all()
             self._receiver.release()
             with trio.CancelScope(shield=True):
                 if reason in ("max_age", "drain"):
                     await goodbye(self.stream)
                 await trio.aclose_forcefully(self.stream)
+            if self._login is not None and self._login.tokens is not None:
+                await self._login.tokens.expire()  # shielded, bounded; the client is not kept waiting for it
 
     def _audit_connection(self, event: str, **fields: Any) -> None:
         if self._governed is not None:

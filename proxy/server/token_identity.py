@@ -27,8 +27,10 @@ from proxy.security.sasl import Credentials
 
 log = logging.getLogger("kfan.auth")
 
-# How long expiring a token may keep a closing connection (it goes anyway when its time is up, unrenewed).
-EXPIRE_WITHIN_S = 5.0
+# How long expiring a token may keep a closed connection's task (it goes anyway when its time is up, unrenewed),
+# and how often it is asked again meanwhile when a broker could not reach the controller.
+EXPIRE_WITHIN_S = 15.0
+EXPIRE_RETRY_S = 0.5
 RENEW_RETRY_S = 10.0
 TOKEN_KNOWN_WITHIN_S = 10.0  # how long a new token may take to reach every broker before the client is logged in anyway
 
@@ -84,13 +86,25 @@ class TokenIdentity:
             self.token = Token(self.token.token_id, self.token.hmac, expiry)
 
     async def expire(self) -> None:
-        """The client left: its token goes too (shielded, within :data:`EXPIRE_WITHIN_S`)."""
+        """The client left: its token goes too (shielded, within :data:`EXPIRE_WITHIN_S`). A broker that could not
+        reach the controller in time is asked again: a token left behind would stay valid until it lapses."""
         token, self.token = self.token, None
         if token is None:
             return
-        with trio.CancelScope(shield=True), trio.move_on_after(EXPIRE_WITHIN_S):
-            try:
-                await expire_token(self.cluster.control, self._brokers(), token.hmac)
+        why = "no broker answered"
+        with trio.CancelScope(shield=True), trio.move_on_after(EXPIRE_WITHIN_S) as deadline:
+            while True:
+                try:
+                    await expire_token(self.cluster.control, self._brokers(), token.hmac)
+                except TokenRefused as e:
+                    why = str(e)
+                    if not e.passing:
+                        break
+                    await trio.sleep(EXPIRE_RETRY_S)
+                    continue
                 log.info("%s: delegation token %s expired", self.client, token.token_id)
-            except TokenRefused as e:
-                log.warning("%s: delegation token %s not expired: %s", self.client, token.token_id, e)
+                return
+        # Refused, or not done in time: it lapses by itself at its expiry time.
+        if deadline.cancelled_caught:
+            why = f"not done within {EXPIRE_WITHIN_S:g} s (last: {why})"
+        log.warning("%s: delegation token %s not expired: %s", self.client, token.token_id, printable(why, 256))
