@@ -69,25 +69,46 @@ def quick(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(token_identity, "EXPIRE_RETRY_S", 0.01)
 
 
-def test_a_broker_that_could_not_reach_the_controller_is_asked_again(quick: None, caplog: pytest.LogCaptureFixture) -> None:
-    caplog.set_level(logging.INFO, "kfan.auth")
+class _Lines(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.text = ""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.text += record.getMessage() + "\n"
+
+
+@pytest.fixture
+def logged() -> Iterator[_Lines]:
+    """What kfan.auth logs, read from the logger itself (kfan's logging set up in this process by another test
+    may keep its records from the root logger that pytest's caplog listens to)."""
+    logger, lines = logging.getLogger("kfan.auth"), _Lines()
+    level = logger.level
+    logger.addHandler(lines)
+    logger.setLevel(logging.INFO)
+    yield lines
+    logger.removeHandler(lines)
+    logger.setLevel(level)
+
+
+def test_a_broker_that_could_not_reach_the_controller_is_asked_again(quick: None, logged: _Lines) -> None:
     codes = iter([errors.REQUEST_TIMED_OUT, errors.NOT_CONTROLLER, errors.NONE])
     assert trio.run(_expire, codes) == [errors.REQUEST_TIMED_OUT, errors.NOT_CONTROLLER, errors.NONE]
-    assert "delegation token token-1 expired" in caplog.text
-    assert "not expired" not in caplog.text
+    assert "delegation token token-1 expired" in logged.text
+    assert "not expired" not in logged.text
 
 
-def test_a_token_the_brokers_do_not_know_is_not_asked_about_again(quick: None, caplog: pytest.LogCaptureFixture) -> None:
+def test_a_token_the_brokers_do_not_know_is_not_asked_about_again(quick: None, logged: _Lines) -> None:
     not_found = 62
     assert trio.run(_expire, iter([not_found, errors.NONE])) == [not_found]
-    assert "delegation token token-1 not expired: the token is not found" in caplog.text
+    assert "delegation token token-1 not expired: the token is not found" in logged.text
 
 
-def test_a_token_not_expired_in_time_is_logged(quick: None, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+def test_a_token_not_expired_in_time_is_logged(quick: None, monkeypatch: pytest.MonkeyPatch, logged: _Lines) -> None:
     monkeypatch.setattr(token_identity, "EXPIRE_WITHIN_S", 0.5)
     asked = trio.run(_expire, iter(lambda: errors.REQUEST_TIMED_OUT, None))
     assert len(asked) >= 2 and set(asked) == {errors.REQUEST_TIMED_OUT}
     assert (
         "delegation token token-1 not expired: not done within 0.5 s (last: the broker could not reach the controller in time)"
-        in caplog.text
+        in logged.text
     )
