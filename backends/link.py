@@ -38,16 +38,18 @@ import trio
 
 from proxy.core import SubRequest
 from proxy.kafka import schema
-from proxy.kafka.frames import DEFAULT_MAX_FRAME_BYTES, MAPPED_FROM, MIN_RESPONSE_FRAME, FrameReader, frame
+from proxy.kafka.frames import DEFAULT_MAX_FRAME_BYTES, MIN_RESPONSE_FRAME, FrameReader, frame
 from proxy.kafka.headers import correlation_id_of, request_head, request_header_tail
 from proxy.kafka.wire import Malformed, Parts
 from proxy.runtime import metrics
 from proxy.runtime.budget import Budget
-from proxy.runtime.frame_io import receive_into, send_frame, send_small_now
-from proxy.runtime.reclaim import release_later
+from proxy.runtime.frame_io import YIELD_EVERY, receive_into, send_frame, send_small_now
 
 from . import backoff
 from .correlations import Correlations, UnknownCorrelationId
+from .pending import DROPPED, LinkClosed, LinkError, Pending
+
+__all__ = ["CLIENT_ID", "DROPPED", "Link", "LinkClosed", "LinkError", "Pending", "own_request"]
 
 log = logging.getLogger("kfan.link")
 _CID = struct.Struct(">i")
@@ -74,127 +76,6 @@ def own_request(api_key: int, version: int, body: Mapping[str, Any]) -> SubReque
 
 # Log in again this far into a session: early enough for a slow broker, as Kafka's clients do.
 REAUTHENTICATE_AT = 0.85
-
-
-class LinkError(Exception):
-    """The broker connection failed; what was in flight on it has no answer."""
-
-
-class LinkClosed(LinkError):
-    """The link ended with the client connection it belonged to: the broker did not fail.
-
-    Only an answer another connection shares (:mod:`backends.flights`) is still waited for then.
-    """
-
-
-class Pending:
-    """A request's answer to come: the response payload, or a :class:`LinkError`.
-
-    ``waiters``: how many client requests wait for it (its submitter, at
-    first); 0 for a sub-fetch kept only for a Fetch that may come. Its payload
-    is counted against a budget while held (:meth:`hold`); whoever ends its
-    use gives that back, once (:meth:`release`, :meth:`abandon`).
-    """
-
-    __slots__ = (
-        "_done",
-        "_value",
-        "sent",
-        "written",
-        "done_at",
-        "created_at",
-        "request",
-        "broker",
-        "waiters",
-        "dropped",
-        "_held",
-        "_budget",
-        "_reserved",
-        "merged",
-    )
-
-    def __init__(self) -> None:
-        self._done = trio.Event()
-        self.sent = trio.Event()
-        self._value: bytes | LinkError | None = None
-        self.done_at: float | None = None  # trio clock time the answer came
-        self.created_at = trio.current_time()
-        self.request: bytes | None = None  # the frame sent, kept only for traffic capture
-        self.broker = -1
-        # Whether the request may have reached the broker: its bytes started
-        # out on the socket. One that failed before that cannot have been acted on.
-        self.written = False
-        self.waiters = 1
-        self.dropped = False  # nobody will read the answer: it is not kept
-        self._held = 0
-        self._budget: Budget | None = None
-        self._reserved: tuple[Budget, int] | None = None  # room set aside for the answer, until it comes
-        # The client response merged from this answer, for the others waiting for it (backends.flights):
-        # (what it depends on besides the request, the reply); kept by the layer that merges.
-        self.merged: tuple[object, object] | None = None
-
-    def set(self, value: bytes | LinkError) -> None:
-        if self.dropped and not isinstance(value, LinkError):
-            value = DROPPED  # abandoned: its payload is not kept
-        self._unreserve()  # the answer is in (counted as itself), or never will be
-        if not self._done.is_set():
-            self._value = value
-            self.done_at = trio.current_time()
-            self._done.set()
-            self.sent.set()
-
-    async def answered(self) -> None:
-        """Until the answer (or failure) is in, without reading it."""
-        await self._done.wait()
-
-    def reserve(self, budget: Budget, n: int) -> None:
-        """``n`` bytes of ``budget`` were set aside for this answer: given back when it comes."""
-        self._reserved = (budget, n)
-
-    def hold(self, budget: Budget, n: int) -> None:
-        """Count the ``n`` bytes of the payload against ``budget`` while it is held (the room set aside goes back)."""
-        self._unreserve()
-        budget.add(n)
-        self._budget, self._held = budget, n
-
-    def _unreserve(self) -> None:
-        if self._reserved is not None:
-            budget, n = self._reserved
-            self._reserved = None
-            budget.unreserve(n)
-
-    def release(self) -> None:
-        """The payload was consumed: its bytes are no longer this answer's (idempotent)."""
-        if self._budget is not None:
-            self._budget.release(self._held)
-            self._budget, self._held = None, 0
-
-    def abandon(self) -> None:
-        """Nobody will read the answer: give back what it holds, and keep nothing that comes later."""
-        self.release()
-        self.dropped = True
-        if self._done.is_set() and not isinstance(self._value, LinkError):
-            if self._value is not None and len(self._value) >= MAPPED_FROM:
-                # Often many MiB, and expired with others of its burst. (A small answer is dropped here: handing
-                # each one to the releasing thread cost a tenth of kfan's CPU under a producer, in GIL handoffs.)
-                release_later(self._value)
-            self._value = DROPPED
-
-    @property
-    def failure(self) -> LinkError | None:
-        """Why no answer comes, once that is known; None otherwise."""
-        return self._value if isinstance(self._value, LinkError) else None
-
-    async def wait(self) -> bytes:
-        await self._done.wait()
-        if isinstance(self._value, LinkError):
-            raise self._value
-        assert self._value is not None
-        return self._value
-
-
-# What a dropped answer reads as, should anyone still ask for it.
-DROPPED = LinkError("the answer was dropped: nobody waited for it")
 
 
 class Link:
@@ -253,22 +134,13 @@ class Link:
         if self.keep_requests:
             pending.request = frame(parts)
         direct, self._direct = self._direct, None
-        if direct is not None and trio.current_time() < self._reauthenticate_at:
-            try:
-                written = send_small_now(direct, parts)
-            except trio.BrokenResourceError:
-                written = None  # the writer meets the failure and fails the link
-            if written is not None:
-                total, rest = written
-                pending.written = True
-                metrics.count(metrics.BYTES, ("broker_out",), total)
-                if not rest:
-                    pending.sent.set()
-                    self._direct = direct  # the writer still waits with nothing queued
-                    return pending
-                self._send.send_nowait((rest, pending))  # the writer sends the rest before anything else
-                return pending
-        self._send.send_nowait((parts, pending))
+        rest = _write_at_once(direct, parts, pending) if direct is not None and trio.current_time() < self._reauthenticate_at else None
+        if rest is None:
+            self._send.send_nowait((parts, pending))
+        elif rest:
+            self._send.send_nowait((rest, pending))  # the writer sends the rest before anything else
+        else:
+            self._direct = direct  # all of it went: the writer still waits with nothing queued
         return pending
 
     def close(self) -> None:
@@ -347,31 +219,22 @@ class Link:
         if self._authenticate is not None:
             await self._login(stream)
         self.ready.set()
-        try:
-            await self._write_queued(stream)
-        finally:
-            self._direct = None  # the stream is closing: nothing more is written to it
-
-    async def _write_queued(self, stream: trio.abc.Stream) -> None:
         plain = stream if isinstance(stream, trio.SocketStream) else None
         while True:
             item = None
             # A submitter may write itself only while nothing waits here to go before its request.
             self._direct = plain if self._queue.statistics().current_buffer_used == 0 else None
-            if self._authenticate is None:
-                # Nothing to log in again for: no deadline to wait under (a scope costs a request 1%).
-                try:
-                    item = await self._queue.receive()
-                except trio.EndOfChannel:
-                    return
-            else:
-                with trio.CancelScope(deadline=self._reauthenticate_at) as self._idle:
-                    try:
+            try:
+                if self._authenticate is None:
+                    item = await self._queue.receive()  # nothing to log in again for: no deadline scope (1% a request)
+                else:
+                    with trio.CancelScope(deadline=self._reauthenticate_at) as self._idle:
                         item = await self._queue.receive()
-                    except trio.EndOfChannel:
-                        return
-                self._idle = None
-            self._direct = None
+                    self._idle = None
+            except trio.EndOfChannel:
+                return
+            finally:
+                self._direct = None  # (and when the link is closing: nothing more is written to its stream)
             if trio.current_time() >= self._reauthenticate_at:
                 # The session is about to end (or new credentials came): log in
                 # again before the next request; those sent before are answered first.
@@ -409,6 +272,23 @@ class Link:
             pending.release()  # a login answer, read at once
 
 
+def _write_at_once(stream: trio.SocketStream, parts: Parts, pending: Pending) -> bytes | memoryview | None:
+    """A request written by its submitter as far as the socket takes it now: what is left for the writer (empty:
+    all of it went); None: nothing written (too large a frame, or a broken socket the writer fails the link on)."""
+    try:
+        written = send_small_now(stream, parts)
+    except trio.BrokenResourceError:
+        return None
+    if written is None:
+        return None
+    total, rest = written
+    pending.written = True
+    metrics.count(metrics.BYTES, ("broker_out",), total)
+    if not rest:
+        pending.sent.set()
+    return rest
+
+
 class Receiver:
     """A link's reading side: each answer is matched to its request by correlation id and,
     with a ``budget`` (the client connection's), counted against it from its first bytes,
@@ -429,9 +309,11 @@ class Receiver:
     async def run(self, stream: trio.abc.Stream) -> None:
         """Read answers until the broker closes the stream (a :class:`LinkError`) or it fails."""
         reader = FrameReader(self.max_frame_bytes, MIN_RESPONSE_FRAME)
+        handed = 0  # answers handed over since the last read
         while True:
             payload = reader.next_frame()
             if payload is None:
+                handed = 0
                 if self.budget is not None and self.arriving is None and (head := reader.frame_head(4)) is not None:
                     # Whose answer this is, as soon as its correlation id is in: counted
                     # whole from now, or dropped unread (never buffered) when unwanted.
@@ -452,7 +334,11 @@ class Receiver:
                 pending = self._answer_for(correlation_id_of(payload))
                 if pending is None or (self.budget is not None and not self._admit(pending, len(payload))):
                     continue  # an answer nobody waits for (acks=0), or dropped
-            pending.set(payload)
+            pending.set(payload)  # (a request awaited here is merged and answered now: proxy.server.deadlines)
+            handed += 1
+            if handed % YIELD_EVERY == 0:
+                # Many answers in one read are as many merges: let the other tasks run between them.
+                await trio.lowlevel.checkpoint()
 
     def _answer_for(self, cid: int) -> Pending | None:
         try:

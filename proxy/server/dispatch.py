@@ -148,25 +148,34 @@ class Dispatcher:
             found = await gather_fetch(wait, handles, receive, functools.partial(self.fetches.ask_again, plan))
             self.fetches.settle(found.handles, found.answers)
             return found
-        # A request that lets the broker take its time (JoinGroup up to its
-        # rebalance timeout) gets that long on top of ours.
-        answers, late = await gather(handles, receive, now + self.broker_wait(plan) + self.request_timeout)
+        answers, late = await gather(handles, receive, self.deadline(plan, now))
         for d in late:
-            # A broker past every deadline it was given is hung (or stalled
-            # mid-answer): close its link, so the next request opens a fresh one.
             pending = handles[d]
-            if isinstance(pending, Pending):
-                # Its link fails only once the closing below is done: until then it must not be
-                # joined, by this request asked again of another broker or by anyone else's.
-                self.cluster.flights.landed(pending)
-                self.links.close(pending.broker, _lane(plan))
-            answers[d] = Failed(errors.REQUEST_TIMED_OUT)
+            answers[d] = self.late(plan, pending) if isinstance(pending, Pending) else Failed(errors.REQUEST_TIMED_OUT)
         return Gathered(answers, handles, {})
 
+    def deadline(self, plan: Forward, submitted_at: float) -> float:
+        """When a request other than a Fetch gives up on its brokers: a request that lets the broker take its
+        time (JoinGroup up to its rebalance timeout) gets that long on top of ours."""
+        return submitted_at + self.broker_wait(plan) + self.request_timeout
+
+    def late(self, plan: Forward, pending: Pending) -> BrokerAnswer:
+        """The answer is past every deadline its broker was given: the broker is hung (or stalled mid-answer),
+        so its link is closed and the next request opens a fresh one."""
+        # Its link fails only once the closing below is done: until then it must not be
+        # joined, by this request asked again of another broker or by anyone else's.
+        self.cluster.flights.landed(pending)
+        self.links.close(pending.broker, _lane(plan))
+        return Failed(errors.REQUEST_TIMED_OUT)
+
     async def _receive(self, plan: Forward, submitted_at: float, destination: Destination, pending: Pending) -> BrokerAnswer:
-        """One broker's answer; a link's failure as the code the client is told."""
+        await pending.answered()
+        return self.answer_of(plan, submitted_at, destination, pending)
+
+    def answer_of(self, plan: Forward, submitted_at: float, destination: Destination, pending: Pending) -> BrokerAnswer:
+        """One broker's answer, once it is in; a link's failure as the code the client is told."""
         try:
-            payload = await pending.wait()
+            payload = pending.value()
         except LinkClosed:
             self.cluster.flights.landed(pending)
             return Failed(plan.route.failure.code(pending.written))  # a shared answer's requester left: asked again

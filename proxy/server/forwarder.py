@@ -22,6 +22,7 @@ slot's ``close``; the connection acts on both (:mod:`.connection`).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import os
 import time
@@ -42,6 +43,7 @@ from proxy.core import (
     BrokerUnavailable,
     Destination,
     Effect,
+    FetchForward,
     Forward,
     Identity,
     LocalReply,
@@ -57,6 +59,7 @@ from proxy.kafka.wire import Parts
 from proxy.runtime import metrics
 from proxy.runtime.budget import Budget
 from proxy.runtime.telemetry import ClientTelemetry
+from proxy.server.deadlines import AnswerDeadlines
 from proxy.server.dispatch import Dispatcher
 from proxy.server.effects import apply_effects
 from proxy.server.fetches import Fetches
@@ -110,7 +113,7 @@ class Forwarder:
         self.peer = peer
         self.capture = capture
         self.request_timeout = request_timeout
-        self._nursery = nursery
+        self.nursery = nursery
         self.fetches = Fetches(links, budget, nursery)
         self.governed = governed
         self.throttle = throttle
@@ -131,6 +134,7 @@ class Forwarder:
         self.dispatcher = Dispatcher(
             cluster, links, self.fetches, request_timeout=request_timeout, max_hold=max_hold, client=client, client_identity=client_identity
         )
+        self._single = SingleBroker(self)
         # Sub-requests of requests that want no answer (Produce acks=0), until written to their brokers.
         self._unanswered: list[Handles] = []
         self._logged_refused = False
@@ -175,12 +179,14 @@ class Forwarder:
             raise Unanswerable("internal_error") from e
         if not plan.expect_response:
             self._unanswered.append(handles)
-        self._nursery.start_soon(self._complete, plan, handles, slot, submitted_at, len(payload) + 4)
+        elif self._single.take(plan, handles, slot, submitted_at):
+            return  # answered where its answer lands
+        self.nursery.start_soon(self._complete, plan, handles, slot, submitted_at, len(payload) + 4)
 
     async def send_unanswered(self) -> None:
         """Until the sub-requests of requests that want no answer are written (the client is leaving)."""
         for handles in list(self._unanswered):
-            await self._sent(handles)
+            await _sent(handles, self.request_timeout)
 
     async def _complete(self, plan: Forward, handles: Handles, slot: ResponseSlot, submitted_at: float, bytes_in: int) -> None:
         try:
@@ -189,36 +195,28 @@ class Forwarder:
             if self.governed is not None:
                 await self.governed.answered(plan.header, plan.ctx.access is not None, plan.decisions, errors, bytes_in, slot)
         except Exception:
-            # A bug met while answering one request ends this connection (in
-            # order: the responses before it are still written), nothing more.
-            log.error("client %s: unexpected error answering %s", self.client, _describe(plan.header), exc_info=True)
-            slot.close = "internal_error"
-            slot.done.set()
+            _failed_answering(self.client, plan.header, slot)
 
     async def _complete_one(self, plan: Forward, handles: Handles, slot: ResponseSlot, submitted_at: float) -> Reply | None:
         if not plan.expect_response:
-            await self._sent(handles)
+            await _sent(handles, self.request_timeout)
             self._unanswered.remove(handles)
             self._answer(slot, plan.header, None, handles)
             return None
         reply, found = await self._reply(plan, handles, submitted_at, slot)
+        self._deliver(plan, slot, reply, found)
+        return reply
+
+    def _deliver(self, plan: Forward, slot: ResponseSlot, reply: Reply | None, found: Gathered) -> None:
         if reply is None:
             # No error code of this response can say a broker failed: close, as a broker would on its own failure.
             slot.close = "broker_answer"
             slot.done.set()
-            return None
+            return
         _count_errors(reply.errors)
         for (broker, locality), n in reply.fetched.items():
             metrics.count(metrics.FETCH_BYTES, (broker, locality), n)
         self._answer(slot, plan.header, reply.body, found.handles, found.answers, plan.route.shares_answers)
-        return reply
-
-    async def _sent(self, handles: Handles) -> None:
-        """Until each sub-request is written to its broker (or failed), at most the request timeout."""
-        with trio.move_on_after(self.request_timeout):
-            for h in handles.values():
-                if isinstance(h, Pending):
-                    await h.sent.wait()
 
     async def _reply(self, plan: Forward, handles: Handles, submitted_at: float, slot: ResponseSlot) -> tuple[Reply | None, Gathered]:
         """The client's reply (None: no error code of it can say a broker failed), and the answers it came from."""
@@ -271,6 +269,49 @@ class Forwarder:
         if slot.captured is not None and self.capture is not None:
             conn_id = f"{os.getpid()}-{self.client}"
             self.capture.offer(_capture_row(slot, h, conn_id, self.identity, handles or {}, answers or {}, shares_answers))
+
+
+class SingleBroker:
+    """A connection's requests sent to one broker (most requests), each answered where its answer lands
+    (:mod:`.deadlines`): no task, channel or deadline scope of its own. A Fetch, a request any broker may answer,
+    and a governed or throttled client's requests are not: they need a task to wait in."""
+
+    def __init__(self, forwarder: Forwarder) -> None:
+        self._forwarder = forwarder
+        self._deadlines = AnswerDeadlines(forwarder.nursery)
+
+    def take(self, plan: Forward, handles: Handles, slot: ResponseSlot, submitted_at: float) -> bool:
+        """Whether it answers ``plan`` (else the forwarder's task does)."""
+        f = self._forwarder
+        if len(handles) != 1 or isinstance(plan, FetchForward) or plan.route.shares_answers:
+            return False
+        if f.governed is not None or f.throttle is not None:
+            return False
+        ((destination, pending),) = handles.items()
+        if destination is ANY_BROKER or not isinstance(pending, Pending):
+            return False
+        landed = functools.partial(self._answer, plan, slot, submitted_at, destination, late=False)
+        late = functools.partial(self._answer, plan, slot, submitted_at, destination, late=True)
+        self._deadlines.expect(pending, f.dispatcher.deadline(plan, submitted_at), landed, late)
+        return True
+
+    def _answer(self, plan: Forward, slot: ResponseSlot, submitted_at: float, d: Destination, pending: Pending, late: bool) -> None:
+        f = self._forwarder
+        try:
+            if f.nursery.cancel_scope.cancel_called:
+                f.fetches.done_with([pending])  # the connection is ending: nobody reads this answer
+                return
+            try:
+                answer = f.dispatcher.late(plan, pending) if late else f.dispatcher.answer_of(plan, submitted_at, d, pending)
+                found = Gathered({d: answer}, {d: pending}, {})
+                reply = _merge(plan, found, False, f.client)
+                if reply is not None:
+                    f._apply(reply.effects)
+            finally:
+                f.fetches.done_with([pending])
+            f._deliver(plan, slot, reply, found)
+        except Exception:
+            _failed_answering(f.client, plan.header, slot)
 
 
 def reconfigure_forwarder(forwarder: Forwarder, limits: Any) -> None:
@@ -337,6 +378,22 @@ def _shared_answer(found: Gathered) -> Pending | None:
     pending = found.handles.get(ANY_BROKER)
     answer = found.answers.get(ANY_BROKER)
     return pending if isinstance(pending, Pending) and isinstance(answer, Response) else None
+
+
+async def _sent(handles: Handles, timeout: float) -> None:
+    """Until each sub-request is written to its broker (or failed), at most ``timeout``."""
+    with trio.move_on_after(timeout):
+        for h in handles.values():
+            if isinstance(h, Pending):
+                await h.sent.wait()
+
+
+def _failed_answering(client: int, h: RequestHeader, slot: ResponseSlot) -> None:
+    """A bug met while answering one request ends this connection (in order: the responses before it are
+    still written), nothing more."""
+    log.error("client %s: unexpected error answering %s", client, _describe(h), exc_info=True)
+    slot.close = "internal_error"
+    slot.done.set()
 
 
 def _describe(h: RequestHeader) -> str:
