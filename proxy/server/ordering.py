@@ -8,13 +8,20 @@ writer each slot once it is answered and every slot before it was handed out.
 It also bounds the requests in flight: the reader takes a place before it
 reads a request, so at most ``max_inflight`` are read and not yet answered.
 
+An answer to the oldest request that lands while the writer waits is
+handed to the writer's :attr:`ResponseOrderer.write_now` right there (in the
+link's reader, usually): the writer's wake-up was a task step of every request.
+
 Boundaries: no I/O and no protocol knowledge. It never writes to the client
-(the connection does) and never looks inside a slot's bytes; a slot holding
-no bytes (Produce acks=0) keeps its place and is written as nothing.
+itself (the connection's writer does, :mod:`.writer`) and never looks inside a
+slot's bytes; a slot holding no bytes (Produce acks=0) keeps its place and is
+written as nothing.
 """
 
 from __future__ import annotations
 
+from collections import deque
+from collections.abc import Callable
 from types import TracebackType
 
 import trio
@@ -25,13 +32,46 @@ from proxy.runtime import metrics
 from proxy.runtime.frame_io import YIELD_EVERY
 
 
+class Answered:
+    """Whether a slot is answered; setting it tells the response order (the slot's ``done``)."""
+
+    __slots__ = ("_set", "_slot", "orderer")
+
+    def __init__(self, slot: ResponseSlot) -> None:
+        self._set = False
+        self._slot = slot
+        self.orderer: ResponseOrderer | None = None  # once placed
+
+    def set(self) -> None:
+        if not self._set:
+            self._set = True
+            if self.orderer is not None:
+                self.orderer.answered(self._slot)
+
+    def is_set(self) -> bool:
+        return self._set
+
+
 class ResponseSlot:
     """A place in the response order: what the writer writes there, and what ends the connection there."""
 
-    __slots__ = ("done", "parts", "close", "close_after", "size", "started", "api_key", "captured", "throttle", "hold", "cpu")
+    __slots__ = (
+        "done",
+        "parts",
+        "close",
+        "close_after",
+        "size",
+        "started",
+        "api_key",
+        "captured",
+        "throttle",
+        "hold",
+        "cpu",
+        "rest",
+    )
 
     def __init__(self, size: int, api_key: int) -> None:
-        self.done = trio.Event()
+        self.done = Answered(self)
         self.parts: Parts | None = None
         self.close: str | None = None  # end the connection here, for this reason
         self.close_after: str | None = None  # end it once this response is written (a failed login)
@@ -46,6 +86,14 @@ class ResponseSlot:
         self.throttle = 0.0
         self.hold = False
         self.cpu = 0.0  # kfan's CPU seconds on the request, counted when it has a request quota
+        # Written in part where it was answered (:attr:`ResponseOrderer.write_now`): the frame's size and what is
+        # left of it, for the writer to send first.
+        self.rest: tuple[int, bytes | memoryview] | None = None
+
+
+# Writes an answered slot at once where it was answered, when it can (no wait, no deadline needed): whether
+# the slot is done with (written whole, or written in part with the rest left in ``slot.rest`` is not).
+WriteNow = Callable[[ResponseSlot], bool]
 
 
 class ResponseOrderer:
@@ -53,6 +101,9 @@ class ResponseOrderer:
 
     The reader's side is an async context manager: leaving it says no slot
     follows, and :meth:`next_answered` returns None once the last one is out.
+
+    The writer is woken only when the oldest slot is answered and :attr:`write_now` did not write it where it
+    was answered: a request answered while the writer waits for it costs the writer no task step.
     """
 
     def __init__(self, max_inflight: int) -> None:
@@ -60,25 +111,21 @@ class ResponseOrderer:
         # the reader takes one before reading the next request.
         self._capacity = trio.Semaphore(max_inflight)
         self._holding = False  # the reader holds a token for the next request
-        # Never full: the tokens keep at most max_inflight slots in it.
-        self._send, self._receive = trio.open_memory_channel[ResponseSlot](max_inflight)
-        self.inflight = 0  # slots placed and not yet handed to the writer
-        self._turns = {"placed": 0, "taken": 0}  # since the reader's / the writer's last yield
-
-    async def _take_turns(self, side: str) -> None:
-        """Yield every YIELD_EVERY calls: placing a slot and taking an answered one wait for nothing in the usual
-        case, so a client pipelining many requests in one read (or with many answers ready) would otherwise hold
-        the event loop for all of them."""
-        self._turns[side] += 1
-        if self._turns[side] >= YIELD_EVERY:
-            self._turns[side] = 0
-            await trio.lowlevel.checkpoint()
+        self._slots: deque[ResponseSlot] = deque()  # placed, not yet handed out: at most max_inflight
+        self._closed = False  # the reader is done: no slot follows
+        self._wake = trio.Event()  # set: the writer has something to do
+        self._parked = False  # the writer waits on _wake
+        self.write_now: WriteNow | None = None  # the writer's, when it has one
+        self.inflight = 0  # slots placed and not yet handed out
+        self._placed = self._taken = 0  # since the reader's / the writer's last yield
 
     async def __aenter__(self) -> ResponseOrderer:
         return self
 
     async def __aexit__(self, kind: type[BaseException] | None, error: BaseException | None, tb: TracebackType | None) -> None:
-        await self._send.aclose()
+        self._closed = True
+        if not self._slots:
+            self._wake.set()
 
     async def make_room(self) -> None:
         """Until there is room for one more request in flight (kept for the next :meth:`place`)."""
@@ -92,28 +139,59 @@ class ResponseOrderer:
     async def place(self, slot: ResponseSlot) -> None:
         """Give ``slot`` the next place in the order; it takes the room :meth:`make_room` kept."""
         assert self._holding, "a slot placed without room for it"
-        await self._take_turns("placed")
+        self._placed += 1
+        if self._placed >= YIELD_EVERY:
+            # Placing a slot waits for nothing in the usual case: a client pipelining many requests in one read
+            # would otherwise hold the event loop for all of them.
+            self._placed = 0
+            await trio.lowlevel.checkpoint()
         metrics.count(metrics.INFLIGHT)
         self.inflight += 1
-        self._send.send_nowait(slot)  # never full: the room taken keeps at most max_inflight slots in it
+        self._slots.append(slot)
         self._holding = False  # the slot has the token now; the writer gives it back
+        slot.done.orderer = self
+        if slot.done.is_set():
+            self.answered(slot)
+
+    def answered(self, slot: ResponseSlot) -> None:
+        """``slot`` is answered (its ``done`` calls this): the oldest slots answered are written at once where
+        they can be, and the writer is woken for the first that cannot."""
+        slots = self._slots
+        if not slots or slots[0] is not slot:
+            return  # an older one is still out: the writer takes this one in its turn
+        while slots and slots[0].done.is_set():
+            head = slots[0]
+            if not self._parked or self.write_now is None or not self.write_now(head):
+                self._wake.set()
+                return
+            slots.popleft()
+            self._handed()
+        if self._closed and not slots:
+            self._wake.set()
 
     async def next_answered(self) -> ResponseSlot | None:
         """The next slot in request order, once it is answered; None when the reader is done and every slot is out."""
-        await self._take_turns("taken")
-        try:
+        self._taken += 1
+        if self._taken >= YIELD_EVERY:
+            self._taken = 0  # (as for placing: many answers ready at once)
+            await trio.lowlevel.checkpoint()
+        slots = self._slots
+        while not (slots and slots[0].done.is_set()):
+            if self._closed and not slots:
+                return None
+            self._wake = trio.Event()
+            self._parked = True
             try:
-                slot = self._receive.receive_nowait()  # no pass of the scheduler when one is there
-            except trio.WouldBlock:
-                slot = await self._receive.receive()
-        except trio.EndOfChannel:
-            return None
-        if not slot.done.is_set():
-            await slot.done.wait()
+                await self._wake.wait()
+            finally:
+                self._parked = False
+        self._handed()
+        return slots.popleft()
+
+    def _handed(self) -> None:
         metrics.count(metrics.INFLIGHT, (), -1)
         self.inflight -= 1
         self._capacity.release()
-        return slot
 
     def abandon(self) -> None:
         """The connection ended: the slots still placed will never be written."""
