@@ -12,6 +12,8 @@ import functools
 import os
 import socket
 import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 
 import trio
 import trio.testing
@@ -52,61 +54,59 @@ async def _read_frames(stream: trio.SocketStream, n: int, early: bytes = b"") ->
     return out
 
 
-async def _broker_and_link(nursery: trio.Nursery, accepted: trio.MemorySendChannel[trio.SocketStream]) -> Link:
+@asynccontextmanager
+async def link_to_a_broker() -> AsyncIterator[tuple[Link, trio.SocketStream]]:
+    """A link to a broker over real sockets, its writer waiting for a request, and the broker's end of it."""
+    accepted_send, accepted = trio.open_memory_channel[trio.SocketStream](1)
+
     async def hand_over(stream: trio.SocketStream) -> None:
-        await accepted.send(stream)
+        await accepted_send.send(stream)
         await trio.sleep_forever()  # the stream stays open while the test reads it
 
-    (listener,) = await nursery.start(functools.partial(trio.serve_tcp, hand_over, 0, host="127.0.0.1"))
-    port = listener.socket.getsockname()[1]
+    with trio.fail_after(60):
+        async with trio.open_nursery() as nursery:
+            (listener,) = await nursery.start(functools.partial(trio.serve_tcp, hand_over, 0, host="127.0.0.1"))
+            port = listener.socket.getsockname()[1]
 
-    async def connect() -> trio.abc.Stream:
-        stream = await trio.open_tcp_stream("127.0.0.1", port)
-        stream.socket.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 32 * 1024)  # fills after a few requests
-        return stream
+            async def connect() -> trio.abc.Stream:
+                stream = await trio.open_tcp_stream("127.0.0.1", port)
+                stream.socket.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 32 * 1024)  # fills after a few requests
+                return stream
 
-    link = Link(1, "127.0.0.1", port, connect=connect)
-    nursery.start_soon(link.run)
-    await link.ready.wait()
-    await trio.testing.wait_all_tasks_blocked()  # the writer waits for a request
-    return link
+            link = Link(1, "127.0.0.1", port, connect=connect)
+            nursery.start_soon(link.run)
+            await link.ready.wait()
+            broker = await accepted.receive()
+            await trio.testing.wait_all_tasks_blocked()  # the writer waits for a request
+            yield link, broker
+            nursery.cancel_scope.cancel()
 
 
 async def test_a_small_request_is_out_before_its_submitter_yields() -> None:
-    with trio.fail_after(30):
-        async with trio.open_nursery() as nursery:
-            send, accepted = trio.open_memory_channel[trio.SocketStream](1)
-            link = await _broker_and_link(nursery, send)
-            broker = await accepted.receive()
-            pending = link.submit(request(0, expect_response=True))
-            assert pending.written and pending.sent.is_set(), "written by the writer task, a step later"
-            assert await _read_frames(broker, 1) == [(0, request(0).tail[0])]
-            nursery.cancel_scope.cancel()
+    async with link_to_a_broker() as (link, broker):
+        pending = link.submit(request(0, expect_response=True))
+        assert pending.written and pending.sent.is_set(), "written by the writer task, a step later"
+        assert await _read_frames(broker, 1) == [(0, request(0).tail[0])]
 
 
 async def test_a_full_socket_keeps_the_requests_whole_and_in_order() -> None:
-    with trio.fail_after(60):
-        async with trio.open_nursery() as nursery:
-            send, accepted = trio.open_memory_channel[trio.SocketStream](1)
-            link = await _broker_and_link(nursery, send)
-            broker = await accepted.receive()
-            broker.socket.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 32 * 1024)
-            # Submitted without yielding, the broker reading nothing: the first go out at once, one in part, the
-            # rest wait for the writer.
-            pendings = [link.submit(request(i)) for i in range(REQUESTS)]
-            direct = sum(p.sent.is_set() for p in pendings)
-            assert 0 < direct < REQUESTS, direct
-            assert pendings[direct].written and not pendings[direct].sent.is_set(), "the one the socket took in part"
-            # The broker reads some (the writer has not run yet): a request submitted now finds room in the socket,
-            # and must still wait behind the rest of the one written in part.
-            early = _read_now(broker)
-            pendings.append(link.submit(request(REQUESTS)))
-            assert not pendings[-1].written, "written ahead of the requests queued before it"
-            frames = await _read_frames(broker, REQUESTS + 1, early)
-            assert [cid for cid, _ in frames] == list(range(REQUESTS + 1))
-            assert [body for _, body in frames] == [request(i).tail[0] for i in range(REQUESTS + 1)]
-            # And once the writer has drained the queue, a submitter writes directly again.
-            await trio.testing.wait_all_tasks_blocked()
-            assert all(p.sent.is_set() for p in pendings)
-            assert link.submit(request(REQUESTS + 1)).sent.is_set()
-            nursery.cancel_scope.cancel()
+    async with link_to_a_broker() as (link, broker):
+        broker.socket.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 32 * 1024)
+        # Submitted without yielding, the broker reading nothing: the first go out at once, one in part, the
+        # rest wait for the writer.
+        pendings = [link.submit(request(i)) for i in range(REQUESTS)]
+        direct = sum(p.sent.is_set() for p in pendings)
+        assert 0 < direct < REQUESTS, direct
+        assert pendings[direct].written and not pendings[direct].sent.is_set(), "the one the socket took in part"
+        # The broker reads some (the writer has not run yet): a request submitted now finds room in the socket,
+        # and must still wait behind the rest of the one written in part.
+        early = _read_now(broker)
+        pendings.append(link.submit(request(REQUESTS)))
+        assert not pendings[-1].written, "written ahead of the requests queued before it"
+        frames = await _read_frames(broker, REQUESTS + 1, early)
+        assert [cid for cid, _ in frames] == list(range(REQUESTS + 1))
+        assert [body for _, body in frames] == [request(i).tail[0] for i in range(REQUESTS + 1)]
+        # And once the writer has drained the queue, a submitter writes directly again.
+        await trio.testing.wait_all_tasks_blocked()
+        assert all(p.sent.is_set() for p in pendings)
+        assert link.submit(request(REQUESTS + 1)).sent.is_set()
