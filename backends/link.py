@@ -275,10 +275,7 @@ class Link:
 def _write_at_once(stream: trio.SocketStream, parts: Parts, pending: Pending) -> bytes | memoryview | None:
     """A request written by its submitter as far as the socket takes it now: what is left for the writer (empty:
     all of it went); None: nothing written (too large a frame, or a broken socket the writer fails the link on)."""
-    try:
-        written = send_small_now(stream, parts)
-    except trio.BrokenResourceError:
-        return None
+    written = send_small_now(stream, parts)
     if written is None:
         return None
     total, rest = written

@@ -53,6 +53,7 @@ def send_small_now(stream: trio.abc.Stream, parts: Iterable[bytes | memoryview])
 
     Most small frames go whole this way, without trio's send: that yields to the scheduler after every
     write (a pass of the event loop per frame), and its caller's deadline scope costs as much again.
+    A broken socket is None too: :func:`send_frame` then meets the failure where it is waited for.
     """
     if not isinstance(stream, trio.SocketStream):
         return None
@@ -60,7 +61,10 @@ def send_small_now(stream: trio.abc.Stream, parts: Iterable[bytes | memoryview])
     total = 4 + _SIZE.unpack(framed[0])[0]
     if total >= JOIN_BELOW:
         return None
-    return total, _write_now(stream, b"".join(framed))
+    try:
+        return total, _write_now(stream, b"".join(framed))
+    except trio.BrokenResourceError:
+        return None
 
 
 def _write_now(stream: trio.SocketStream, data: bytes) -> bytes | memoryview:

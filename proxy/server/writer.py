@@ -62,12 +62,9 @@ async def write_answers(
         if slot.parts is None:
             written(slot, 0)  # acks=0: nothing to write
             return True
-        try:
-            now = send_small_now(stream, slot.parts)
-        except trio.BrokenResourceError:
-            return False  # the writer meets it and ends the connection
+        now = send_small_now(stream, slot.parts)
         if now is None:
-            return False
+            return False  # too large, or a broken socket the writer meets and ends the connection on
         if now[1]:
             slot.rest = now  # the writer sends the rest, under its deadline
             return False
