@@ -64,6 +64,10 @@ def list_config_resources(identity: Identity, request: Struct, response: Struct,
     return {**response, "config_resources": entries}, []
 
 
+# The fields of leader-split answers that may name a broker (what :func:`partitions` rewrites).
+PARTITION_BROKER_FIELDS = frozenset({"preferred_read_replica", "current_leader", "node_endpoints"})
+
+
 def names_brokers(body: Struct, layout: Layout) -> bool:
     """Whether a leader-split answer names a broker anywhere :func:`partitions` would hide it."""
     if body.get("node_endpoints"):

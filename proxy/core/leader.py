@@ -19,10 +19,11 @@ from collections.abc import Callable, Mapping
 from functools import cache
 from typing import Any
 
-from ..kafka import errors
-from ..kafka.headers import RequestHeader
+from ..kafka import errors, skim
+from ..kafka.headers import RequestHeader, response_body_offset
 from ..kafka.records import Invalid
 from ..kafka.schema import Struct, encode_body, request_spec, response_spec
+from ..kafka.wire import Malformed, Parts, Reader
 from . import identity, layout
 from .answers import Decoded, decode_answers, passthrough_body, reencoded, whole
 from .layout import Layout, TopicKey, TopicPartition
@@ -207,8 +208,11 @@ def unroutable_reply(forward: Forward[Any]) -> LocalReply:
 
 
 def merge(plan: Forward[LeaderSplit], answers: Answers) -> Reply:
-    body, reply, decoded = merge_partitions(plan, answers)
     found = plan.state
+    as_sent = _answered_cleanly(plan, found, answers)
+    if as_sent is not None:
+        return Reply(as_sent)
+    body, reply, decoded = merge_partitions(plan, answers)
     if _as_answered(plan, found, decoded, body, reply):
         # One broker answered the whole request, no error to act on: its body goes as it came.
         (answer,) = answers.values()
@@ -217,6 +221,42 @@ def merge(plan: Forward[LeaderSplit], answers: Answers) -> Reply:
     else:
         reply.body = encode_body(response_spec(plan.header.api_key, plan.header.api_version), body)
     return reply
+
+
+def _answered_cleanly(plan: Forward[LeaderSplit], found: LeaderSplit, answers: Answers) -> Parts | None:
+    """The one broker's body as it came, when it answered the whole request with nothing to act on: every error
+    code zero, no broker named, the request's partitions in its order. Only its keys are read, not decoded
+    (most requests: one leader has all the partitions a client sends at once); None: merge it."""
+    if len(answers) != 1 or len(found.by_leader) != 1 or found.unroutable:
+        return None
+    (answer,) = answers.values()
+    if not isinstance(answer, Response):
+        return None
+    hdr = plan.header
+    assert plan.route.layout is not None
+    read_keys = _partition_keys(plan.route.layout, hdr.api_key, hdr.api_version)
+    if read_keys is None:
+        return None
+    payload = answer.payload
+    try:
+        offset = response_body_offset(payload, hdr.api_key, hdr.api_version)
+        keys = read_keys(Reader(payload, offset))
+    except Malformed:
+        return None  # the merge decodes it and says what is wrong
+    if keys is None or keys != found.request_layout.keys(found.request):
+        return None
+    return [memoryview(payload)[offset:]]
+
+
+@cache
+def _partition_keys(fields: PartitionFields, api_key: int, api_version: int) -> skim.PartitionKeys | None:
+    """The reader of an answer's partition keys, or None for a message with a field naming brokers."""
+    spec = response_spec(api_key, api_version)
+    at = layouts(fields, api_key, api_version)[1]
+    levels = (spec, at.topic_spec) if at.partition_spec is None else (spec, at.topic_spec, at.partition_spec)
+    if any(f.name in identity.PARTITION_BROKER_FIELDS for level in levels for f in level.fields):
+        return None
+    return skim.partition_keys(spec, at.topics, at.topic_key, at.partitions, at.index)
 
 
 def _as_answered(plan: Forward[LeaderSplit], found: LeaderSplit, decoded: Decoded, body: Struct, reply: Reply) -> bool:

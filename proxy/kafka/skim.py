@@ -231,3 +231,85 @@ def _walk_tagged(spec: StructSpec, r: Reader, codes: list[int]) -> None:
         tf = spec.tagged.get(tag)
         if tf is not None:  # tagged fields are rare: compiled as they come
             _field(tf, True)(Reader(body), codes)
+
+
+# The keys of a partition-keyed message, or None: it holds a non-zero error code or a tagged field where it may name
+# a broker (at its top, topic or partition level).
+PartitionKeys = Callable[[Reader], "list[tuple[Any, int]] | None"]
+_partition_keys: dict[tuple[int, str, str, str, str | None], PartitionKeys] = {}
+
+
+def partition_keys(spec: StructSpec, topics: str, topic_key: str, partitions: str, index: str | None) -> PartitionKeys:
+    """A reader of ``topics[topic_key].partitions[index]``'s keys, in order, when nothing else in the message needs
+    reading: every error code zero and no tagged field at the three levels. Lengths are checked as the decoder
+    checks them; strings are skipped, not decoded. Compiled once per message version and layout."""
+    found = _partition_keys.get((id(spec), topics, topic_key, partitions, index))
+    if found is None:
+        found = _partition_keys[(id(spec), topics, topic_key, partitions, index)] = _compile_partition_keys(
+            spec, topics, topic_key, partitions, index
+        )
+    return found
+
+
+def _around(spec: StructSpec, first: str, last: str) -> tuple[list[Walk], FieldSpec, list[Walk], FieldSpec, list[Walk]]:
+    """Walkers before field ``first``, between it and ``last`` (the same field or a later one), and after ``last``."""
+    names = [f.name for f in spec.fields]
+    i, j = names.index(first), names.index(last)
+    assert i <= j, f"{spec.name}: {first} comes after {last}"
+    fields, flexible = spec.fields, spec.flexible
+    return _steps(fields[:i], flexible), fields[i], _steps(fields[i + 1 : j], flexible), fields[j], _steps(fields[j + 1 :], flexible)
+
+
+def _compile_partition_keys(spec: StructSpec, topics: str, topic_key: str, partitions: str, index: str | None) -> PartitionKeys:
+    flexible = spec.flexible
+    read_len = Reader.compact_array_len if flexible else Reader.array_len
+    top_before, topics_field, _, _, top_after = _around(spec, topics, topics)
+    tspec = topics_field.struct
+    assert topics_field.array and tspec is not None
+    t_before, key_field, t_mid, partitions_field, t_after = _around(tspec, topic_key, partitions)
+    pspec = partitions_field.struct
+    p_before: list[Walk] = []
+    p_after: list[Walk] = []
+    read_index = Reader.int32  # partitions as bare int32 indexes
+    if pspec is not None:
+        assert index is not None
+        p_before, index_field, _, _, p_after = _around(pspec, index, index)
+        read_index = index_field.read
+    t_min, p_min, read_key = tspec.min_size, 4 if pspec is None else pspec.min_size, key_field.read
+
+    def keys(r: Reader) -> list[tuple[Any, int]] | None:
+        codes: list[int] = []
+        for step in top_before:
+            step(r, codes)
+        out: list[tuple[Any, int]] = []
+        n = read_len(r, t_min)
+        if n < 0:
+            return None  # null: the decoder decides whether that is allowed
+        for _ in range(n):
+            for step in t_before:
+                step(r, codes)
+            key = read_key(r)
+            for step in t_mid:
+                step(r, codes)
+            m = read_len(r, p_min)
+            if m < 0:
+                return None
+            for _ in range(m):
+                for step in p_before:
+                    step(r, codes)
+                out.append((key, read_index(r)))
+                for step in p_after:
+                    step(r, codes)
+                if flexible and pspec is not None and not r.empty_tags():
+                    return None
+            for step in t_after:
+                step(r, codes)
+            if flexible and not r.empty_tags():
+                return None
+        for step in top_after:
+            step(r, codes)
+        if flexible and not r.empty_tags():
+            return None
+        return None if any(codes) else out
+
+    return keys

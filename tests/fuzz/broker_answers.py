@@ -11,7 +11,9 @@ error code) or, for a Fetch, :data:`proxy.core.NOT_YET` (a sub-fetch not
 answered yet). The answers go through ``plan.merge`` (a Fetch's with the
 watermarks its connection remembers in its context) and, for Fetch,
 :func:`tests.support.core_inputs.satisfied` (Fetch's waiting policy) and
-:func:`proxy.core.fetch.answer_watermarks`.
+:func:`proxy.core.fetch.answer_watermarks`. A leader-split answer that one
+broker gave cleanly is read for its keys only and passed on as it came
+(:func:`proxy.kafka.skim.partition_keys`): the mutated ones reach that reader.
 The Metadata answer a merge asks to fold (:class:`proxy.core.FoldMetadata`)
 is folded into a :class:`Topology`, as the connection does, and the topology
 must survive its JSON form (captures).
