@@ -19,6 +19,7 @@ from .wire import Malformed, Reader, Writer
 
 _CID = struct.Struct(">i")
 _KEY_VERSION = struct.Struct(">hh")
+_HEAD_V0 = struct.Struct(">hhi")
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,13 +35,11 @@ class RequestHeader:
 def parse_request_header(payload: bytes | memoryview) -> RequestHeader:
     """Parse a request header; unknown APIs/versions parse as far as v1."""
     r = Reader(payload)
-    api_key = r.int16()
-    api_version = r.int16()
-    correlation_id = r.int32()
+    api_key, api_version, correlation_id = _HEAD_V0.unpack_from(r.buf, r.skip(8))
     versions = schema.known_versions(api_key)
     known = versions is not None and api_version in versions
     client_id = r.string()
-    if known and schema.is_flexible(api_key, api_version):
+    if known and schema.is_flexible(api_key, api_version) and not r.empty_tags():
         n = r.uvarint()
         if n > r.remaining():
             raise Malformed("request header tagged fields cannot fit")
@@ -82,9 +81,15 @@ def response_header(api_key: int, api_version: int, correlation_id: int) -> byte
 
 def response_body_offset(payload: bytes | memoryview, api_key: int, api_version: int) -> int:
     """Offset of the body in a broker's response payload."""
+    flexible = response_header_flexible(api_key, api_version)
+    # The usual cases, without a reader: a header without tagged fields, or with none present.
+    if not flexible and len(payload) >= 4:
+        return 4
+    if flexible and len(payload) >= 5 and payload[4] == 0:
+        return 5
     r = Reader(payload)
     r.int32()
-    if response_header_flexible(api_key, api_version):
+    if flexible:
         n = r.uvarint()
         for _ in range(n):
             r.uvarint()
