@@ -53,7 +53,7 @@ async def test_answers_in_time_are_answered_as_they_land_and_none_waits_for_the_
 
 def _entry(deadlines: AnswerDeadlines, ran: list[tuple[int, str]], i: int, deadline: float) -> Pending:
     pending = Pending()
-    deadlines.expect(pending, deadline, lambda _: ran.append((i, "landed")), lambda _: ran.append((i, "late")))
+    deadlines.expect(pending, deadline, lambda _, late: ran.append((i, "late" if late else "landed")))
     return pending
 
 
@@ -72,7 +72,7 @@ async def test_each_entry_runs_one_callback_once(autojump_clock: trio.testing.Mo
         late.set(b"too late")  # after its deadline: nothing more runs
         done = Pending()
         done.set(b"in already")
-        deadlines.expect(done, now + 100, lambda _: ran.append((3, "landed")), lambda _: ran.append((3, "late")))
+        deadlines.expect(done, now + 100, lambda _, late: ran.append((3, "late" if late else "landed")))
         assert ran[-1] == (3, "landed"), "an answer in already is handed over at once"
         await trio.sleep(10)
         assert ran == [(0, "landed"), (1, "landed"), (2, "late"), (3, "landed")]

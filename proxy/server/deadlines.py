@@ -2,11 +2,11 @@
 
 A request sent to one broker needs no task of its own to wait for its answer: :meth:`AnswerDeadlines.expect`
 has the answer's callback run in the link's reader as it lands (:attr:`backends.link.Pending.on_done`), and
-the connection's one timer task runs the late callback instead for an answer still out at its deadline. A
-task per request (spawned, scheduled, with a deadline scope) cost about a tenth of a small request's CPU.
+the connection's one timer task runs it, told it is late, for an answer still out at its deadline. A task
+per request (spawned, scheduled, with a deadline scope) cost about a tenth of a small request's CPU.
 
-Boundaries: it knows when, not what: both callbacks are the caller's, and each entry runs exactly one of them,
-once. It holds at most about four times the entries still out (finished ones are dropped as it goes).
+Boundaries: it knows when, not what: the callback is the caller's, and runs once per entry. It holds at most
+about four times the entries still out (finished ones are dropped as it goes).
 """
 
 from __future__ import annotations
@@ -20,28 +20,34 @@ import trio
 
 from backends.link import Pending
 
-Landed = Callable[[Pending], None]
+Answer = Callable[[Pending, bool], None]  # (the pending answer, late: its deadline passed first)
 
 
 class _Expected:
-    __slots__ = ("pending", "landed", "late", "finished")
+    """One answer awaited; itself the pending answer's ``on_done`` (no closure per request)."""
 
-    def __init__(self, pending: Pending, landed: Landed, late: Landed) -> None:
+    __slots__ = ("owner", "pending", "answer")
+
+    def __init__(self, owner: AnswerDeadlines, pending: Pending, answer: Answer) -> None:
+        self.owner = owner
         self.pending: Pending | None = pending
-        self.landed: Landed | None = landed
-        self.late: Landed | None = late
-        self.finished = False
+        self.answer: Answer | None = answer
 
-    def take(self) -> tuple[Pending, Landed, Landed] | None:
-        """Its pending answer and both callbacks, once; None after that (it is finished, and holds nothing)."""
-        if self.finished:
+    @property
+    def finished(self) -> bool:
+        return self.answer is None
+
+    def __call__(self, _: Pending) -> None:
+        self.owner._run(self, late=False)
+
+    def take(self) -> tuple[Pending, Answer] | None:
+        """Its pending answer and callback, once; None after that (it is finished, and holds nothing)."""
+        pending, answer = self.pending, self.answer
+        if pending is None or answer is None:
             return None
-        self.finished = True
-        pending, landed, late = self.pending, self.landed, self.late
-        self.pending = self.landed = self.late = None
-        assert pending is not None and landed is not None and late is not None
+        self.pending = self.answer = None
         pending.on_done = None
-        return pending, landed, late
+        return pending, answer
 
 
 class AnswerDeadlines:
@@ -55,14 +61,14 @@ class AnswerDeadlines:
         self._timer: trio.CancelScope | None = None
         self._running = False
 
-    def expect(self, pending: Pending, deadline: float, landed: Landed, late: Landed) -> None:
-        """``landed(pending)`` when its answer (or failure) is in, or ``late(pending)`` at ``deadline``; one of
-        them runs, once. Either may run before this returns: an answer already in is handed over at once."""
+    def expect(self, pending: Pending, deadline: float, answer: Answer) -> None:
+        """``answer(pending, False)`` when its answer (or failure) is in, or ``answer(pending, True)`` at
+        ``deadline``; once. It may run before this returns: an answer already in is handed over at once."""
         if pending.is_done:
-            landed(pending)
+            answer(pending, False)
             return
-        entry = _Expected(pending, landed, late)
-        pending.on_done = lambda _: self._run(entry, late=False)
+        entry = _Expected(self, pending, answer)
+        pending.on_done = entry
         self._out += 1
         heapq.heappush(self._heap, (deadline, next(self._order), entry))
         if len(self._heap) > 64 and len(self._heap) > 4 * self._out:
@@ -79,8 +85,8 @@ class AnswerDeadlines:
         if taken is None:
             return
         self._out -= 1
-        pending, on_landed, on_late = taken
-        (on_late if late else on_landed)(pending)
+        pending, answer = taken
+        answer(pending, late)
 
     async def _time_out(self) -> None:
         while True:

@@ -290,9 +290,8 @@ class SingleBroker:
         ((destination, pending),) = handles.items()
         if destination is ANY_BROKER or not isinstance(pending, Pending):
             return False
-        landed = functools.partial(self._answer, plan, slot, submitted_at, destination, late=False)
-        late = functools.partial(self._answer, plan, slot, submitted_at, destination, late=True)
-        self._deadlines.expect(pending, f.dispatcher.deadline(plan, submitted_at), landed, late)
+        answer = functools.partial(self._answer, plan, slot, submitted_at, destination)
+        self._deadlines.expect(pending, f.dispatcher.deadline(plan, submitted_at), answer)
         return True
 
     def _answer(self, plan: Forward, slot: ResponseSlot, submitted_at: float, d: Destination, pending: Pending, late: bool) -> None:
