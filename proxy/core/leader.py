@@ -121,8 +121,17 @@ def split(
 
         route_to = to_known_or_stand_in
 
-    by_leader, unroutable = layout.split(request, request_layout, route_to)
-    out = LeaderSplit(request, request_layout, response_layout, by_leader, replicas=replicas)
+    leader_of: dict[TopicPartition, int] = {}
+    routed = route_to
+
+    def recorded(key: TopicKey, partition: int) -> int | None:
+        target = routed(key, partition)
+        if target is not None:
+            leader_of[(key, partition)] = target
+        return target
+
+    by_leader, unroutable = layout.split(request, request_layout, recorded)
+    out = LeaderSplit(request, request_layout, response_layout, by_leader, leader_of, replicas)
     for tp in unroutable:
         if tp in refuse:
             out.unroutable[tp] = refuse[tp]
@@ -134,9 +143,6 @@ def split(
             out.unroutable[tp] = errors.UNKNOWN_TOPIC_OR_PARTITION  # a partition the topic does not have, as a broker says
         else:
             out.unroutable[tp] = errors.UNKNOWN_TOPIC_ID if isinstance(tp[0], uuid.UUID) else errors.UNKNOWN_TOPIC_OR_PARTITION
-    for destination, sub in by_leader.items():
-        for tp in request_layout.keys(sub):
-            out.leader_of[tp] = destination
     return out
 
 
