@@ -20,7 +20,7 @@ from tests.support import scheduling
 from tests.support.apache_kafka.cluster import KafkaCluster
 from tests.support.apache_kafka.distribution import KAFKA_3, KAFKA_4
 from tests.support.kcat import Kcat, KcatUnavailable, ensure_kcat
-from tests.support.kfan import Kfan, kfan_for_session, start_kfan_with_broker_ports
+from tests.support.kfan import Kfan, kfan_for_session, shows_cluster_ids, start_kfan_with_broker_ports
 from tests.support.tansu import Tansu
 
 settings.register_profile("kfan", deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
@@ -73,6 +73,16 @@ def apache_kafka(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaClus
 def kfan_kafka(apache_kafka: KafkaCluster) -> Iterator[Kfan]:
     """kfan in front of Apache Kafka."""
     yield from kfan_for_session(apache_kafka.bootstrap, "kfan (apache kafka)")
+
+
+@pytest.fixture(scope="session")
+def kfan_kafka_one_node(request: pytest.FixtureRequest, apache_kafka: KafkaCluster) -> Iterator[Kfan]:
+    """kfan in front of Apache Kafka showing itself as the one broker (``--broker-ids kfan``) whatever the run's
+    mode, for tests of what that mode shows: ``kfan_kafka`` itself unless the run shows the brokers' ids."""
+    if not shows_cluster_ids():
+        yield request.getfixturevalue("kfan_kafka")
+        return
+    yield from kfan_for_session(apache_kafka.bootstrap, "kfan (apache kafka, one node)", "--broker-ids", "kfan")
 
 
 @pytest.fixture(scope="session")

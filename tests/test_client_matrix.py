@@ -25,6 +25,9 @@ per library, tests/support/round_trip.py), against
 - ``kafka-ports``: the same with a port per broker id (``kfan_kafka_ports``,
   ``--broker-port-base``), kcat included.
 
+With ``KFAN_BROKER_IDS=cluster`` for the whole run, every backend's kfan shows
+the brokers' own ids, and kcat runs only where each has an address of its own.
+
 Every record exactly once, per-partition order kept; the client's metadata
 shows exactly one broker, kfan (with the brokers' ids: every broker, each at
 kfan's address), and the topic's partitions; the member was
@@ -54,7 +57,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from proxy.tools.mock_cluster import MockCluster
 from tests.support.apache_kafka.cluster import KafkaCluster
 from tests.support.kcat import Consumed, Kcat, Row
-from tests.support.kfan import Kfan
+from tests.support.kfan import Kfan, shows_cluster_ids
 from tests.support.round_trip import (
     ROUND_TRIPS,
     RoundTrip,
@@ -67,6 +70,7 @@ from tests.support.round_trip import (
     keyed_records,
     round_trip_records,
 )
+from tests.support.tansu import Tansu
 
 TANSU_RECORDS = 500
 TANSU_PARTITIONS = 3
@@ -107,10 +111,12 @@ def _tansu_topic(kfan: Kfan) -> str:
 CLIENTS = ["confluent-kafka", "kafka-python", "aiokafka", "kcat"]
 BACKENDS = ["mock", "tansu", "kafka", "kafka-ids", "kafka-ports"]
 NEEDS_PORTS = {"kcat"}  # clients that tell brokers apart by address, not by node id
+# Backends whose kfan shows several broker ids at its one address (KFAN_BROKER_IDS=cluster: the mock's and Kafka's too).
+MANY_IDS_AT_ONE_ADDRESS = {"kafka-ids", *(("mock", "kafka") if shows_cluster_ids() else ())}
 
 
 def _serves(client: str, backend: str) -> bool:
-    return not (client in NEEDS_PORTS and backend == "kafka-ids")
+    return not (client in NEEDS_PORTS and backend in MANY_IDS_AT_ONE_ADDRESS)
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
@@ -150,7 +156,7 @@ def backend(request: pytest.FixtureRequest) -> Backend:
             kfan_kafka, port_base = request.getfixturevalue("kfan_kafka_ports")
         else:
             kfan_kafka = request.getfixturevalue("kfan_kafka_ids" if request.param == "kafka-ids" else "kfan_kafka")
-        ids = None if request.param == "kafka" else sorted(kafka.brokers)
+        ids = None if request.param == "kafka" and not shows_cluster_ids() else sorted(kafka.brokers)
         new_topic = lambda: _kafka_topic(kafka)  # noqa: E731
         return Backend(request.param, kfan_kafka, 6, round_trip_records(), new_topic, check_exactly_once_in_order, 3, ids, port_base)
     if request.param == "mock":
@@ -162,7 +168,8 @@ def backend(request: pytest.FixtureRequest) -> Backend:
             cluster.create_topic(name, 6)  # led by brokers 1,2,3,1,2,3, as the `topic` fixture's
             return name
 
-        return Backend("mock", kfan, 6, round_trip_records(), mock_topic, check_exactly_once_in_order)
+        ids = sorted(cluster.brokers) if shows_cluster_ids() else None
+        return Backend("mock", kfan, 6, round_trip_records(), mock_topic, check_exactly_once_in_order, broker_ids=ids)
     kfan = request.getfixturevalue("kfan_tansu")
     records = keyed_records(TANSU_RECORDS)
     return Backend(
@@ -172,6 +179,7 @@ def backend(request: pytest.FixtureRequest) -> Backend:
         records,
         lambda: _tansu_topic(kfan),
         lambda consumed: check_round_trip(consumed, records, TANSU_PARTITIONS),
+        broker_ids=[Tansu.NODE_ID] if shows_cluster_ids() else None,
     )
 
 

@@ -18,7 +18,7 @@ import pytest
 
 from tests.support.apache_kafka.cluster import KafkaCluster
 from tests.support.apache_kafka.java_client import java_round_trip
-from tests.support.kfan import Kfan
+from tests.support.kfan import Kfan, shown_ids
 from tests.support.round_trip import check_exactly_once_in_order, committed_offsets, end_offsets, round_trip_records
 
 PARTITIONS = 6
@@ -38,7 +38,7 @@ def target(request: pytest.FixtureRequest, apache_kafka: KafkaCluster) -> tuple[
         k: Kfan = request.getfixturevalue("kfan_kafka_ids")
         return k.bootstrap, [(i, k.host, k.port) for i in sorted(apache_kafka.brokers)]
     k = request.getfixturevalue("kfan_kafka")
-    return k.bootstrap, [(0, k.host, k.port)]
+    return k.bootstrap, [(i, k.host, k.port) for i in shown_ids(apache_kafka.brokers)]
 
 
 @pytest.mark.parametrize("protocol", ["classic", "consumer"])

@@ -19,7 +19,7 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 
 from tests.support.apache_kafka.cluster import KafkaCluster
 from tests.support.apache_kafka.tools import run_tool
-from tests.support.kfan import Kfan
+from tests.support.kfan import Kfan, shows_cluster_ids
 
 PARTITIONS = 6
 
@@ -64,8 +64,11 @@ def test_kafka_topics_create_describe_and_list_through_kfan(apache_kafka: KafkaC
     assert _topic_summary(direct)["TopicId"] == _topic_summary(through)["TopicId"]
     real, shown = _partition_lines(direct), _partition_lines(through)
     assert [p["Partition"] for p in shown] == [p["Partition"] for p in real] == [str(i) for i in range(PARTITIONS)]
-    for p in shown:  # kfan is the only broker it shows, as many times as there are replicas
-        assert (p["Leader"], p["Replicas"], p["Isr"]) == ("0", "0,0,0", "0,0,0"), through
+    for p, r in zip(shown, real, strict=True):
+        if shows_cluster_ids():  # the brokers' own ids, as directly
+            assert (p["Leader"], p["Replicas"], p["Isr"]) == (r["Leader"], r["Replicas"], r["Isr"]), through
+        else:  # kfan is the only broker it shows, as many times as there are replicas
+            assert (p["Leader"], p["Replicas"], p["Isr"]) == ("0", "0,0,0", "0,0,0"), through
     for p in real:
         assert sorted(p["Replicas"].split(",")) == ["1", "2", "3"], direct
     for bootstrap in (apache_kafka.bootstrap, kfan_kafka.bootstrap):

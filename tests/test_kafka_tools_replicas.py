@@ -3,7 +3,8 @@
 Each is run as its main class with ``--bootstrap-server`` pointed at kfan and,
 for comparison, at Apache Kafka's brokers (side by side where the two runs
 cannot disturb each other). These tools speak of brokers by id, and kfan
-shows its clients one broker (node 0) holding every replica, so:
+shows its clients one broker (node 0) holding every replica with ``--broker-ids
+kfan`` (``kfan_kafka_one_node``, also when the run shows the brokers' own ids), so:
 
 - kafka-log-dirs asks that one node, and kfan answers with every broker's
   log dirs: every replica the brokers report, with their sizes and offset
@@ -36,10 +37,8 @@ from proxy.core.log_dirs import UNREACHABLE
 from proxy.kafka.errors import KAFKA_STORAGE_ERROR
 from tests.support.apache_kafka.cluster import KafkaCluster
 from tests.support.apache_kafka.tools import Ran, run_tool, run_tools
-from tests.support.kfan import Kfan, start_kfan
+from tests.support.kfan import KFAN_NODE, Kfan, start_kfan
 from tests.support.waiting import wait_for
-
-KFAN_NODE = 0  # the node id kfan_kafka reports as its own (kfan's default)
 
 
 def _name(prefix: str) -> str:
@@ -92,11 +91,11 @@ def _log_dirs(out: str) -> tuple[list[int], dict[str, list[tuple[str, int, int, 
     return sorted(b["broker"] for b in doc["brokers"]), dirs
 
 
-def test_kafka_log_dirs_through_kfan_shows_every_replica_the_brokers_hold(apache_kafka: KafkaCluster, kfan_kafka: Kfan) -> None:
+def test_kafka_log_dirs_through_kfan_shows_every_replica_the_brokers_hold(apache_kafka: KafkaCluster, kfan_kafka_one_node: Kfan) -> None:
     topic = _name("tools-logdirs")
     apache_kafka.create_topic(topic, 3)
     _produce(apache_kafka.bootstrap, topic, 300)
-    direct, through = _both(apache_kafka, kfan_kafka, "kafka-log-dirs", "--describe", "--topic-list", topic)
+    direct, through = _both(apache_kafka, kfan_kafka_one_node, "kafka-log-dirs", "--describe", "--topic-list", topic)
     assert f"Received log directory information from brokers {KFAN_NODE}\n" in through.out, through.out
     (real_brokers, real), (shown_brokers, shown) = _log_dirs(direct.out), _log_dirs(through.out)
     assert (real_brokers, shown_brokers) == ([1, 2, 3], [KFAN_NODE])
@@ -121,7 +120,7 @@ def test_log_dirs_through_kfan_show_a_broker_that_does_not_answer_as_an_offline_
     (paused_dir,) = (d["log_dir"] for d in paused_broker["log_dirs"])
     # A kfan of its own that gives up on a broker after a second: the paused broker's
     # part is answered without it, while the controller still counts it alive (9 s).
-    kfan = start_kfan(apache_kafka.bootstrap, "--request-timeout", "1")
+    kfan = start_kfan(apache_kafka.bootstrap, "--request-timeout", "1", "--broker-ids", "kfan")
     try:
         admin = KafkaAdminClient(bootstrap_servers=kfan.bootstrap)
         try:
@@ -214,7 +213,7 @@ def _json_after(out: str, heading: str) -> dict[str, Any]:
 
 
 def test_kafka_reassign_partitions_generate_execute_verify_through_kfan(
-    apache_kafka: KafkaCluster, kfan_kafka: Kfan, tmp_path: Path
+    apache_kafka: KafkaCluster, kfan_kafka_one_node: Kfan, tmp_path: Path
 ) -> None:
     topic = _name("tools-reassign")
     apache_kafka.create_topic(topic, 3)
@@ -230,8 +229,8 @@ def test_kafka_reassign_partitions_generate_execute_verify_through_kfan(
     generate = ("--generate", "--topics-to-move-json-file", topics, "--broker-list", "1,2,3")
     generated, not_generated, not_executed = run_tools(
         (tool, "--bootstrap-server", apache_kafka.bootstrap, *generate),
-        (tool, "--bootstrap-server", kfan_kafka.bootstrap, *generate),
-        (tool, "--bootstrap-server", kfan_kafka.bootstrap, "--execute", "--reassignment-json-file", plan),
+        (tool, "--bootstrap-server", kfan_kafka_one_node.bootstrap, *generate),
+        (tool, "--bootstrap-server", kfan_kafka_one_node.bootstrap, "--execute", "--reassignment-json-file", plan),
         check=False,
     )
     assert generated.code == 0, generated.err
@@ -248,7 +247,7 @@ def test_kafka_reassign_partitions_generate_execute_verify_through_kfan(
     # --preserve-throttles: clearing them means altering each named broker's config, and
     # through kfan the Admin client waits its whole timeout for brokers it is never shown.
     verify = ("--verify", "--reassignment-json-file", plan, "--preserve-throttles")
-    direct, through = _both(apache_kafka, kfan_kafka, tool, *verify)
+    direct, through = _both(apache_kafka, kfan_kafka_one_node, tool, *verify)
     for p, replicas in sorted(target.items()):
         assert f"Reassignment of partition {topic}-{p} is completed." in direct.out, direct.out
         shown = ",".join([str(KFAN_NODE)] * len(replicas))
@@ -291,7 +290,7 @@ def _throttle(kafka: KafkaCluster, topic: str, on: bool) -> None:
 
 
 def test_kafka_reassign_partitions_list_and_cancel_through_kfan_while_a_replica_moves(
-    apache_kafka: KafkaCluster, kfan_kafka: Kfan, tmp_path: Path
+    apache_kafka: KafkaCluster, kfan_kafka_one_node: Kfan, tmp_path: Path
 ) -> None:
     topic = _name("tools-moving")
     apache_kafka.create_topic(topic, 1, replication_factor=2)
@@ -309,11 +308,11 @@ def test_kafka_reassign_partitions_list_and_cancel_through_kfan_while_a_replica_
     _throttle(apache_kafka, topic, on=True)
     try:
         assert admin.alter_partition_reassignments({TopicPartition(topic, 0): [arriving, staying]}) == {TopicPartition(topic, 0): None}
-        direct, through = _both(apache_kafka, kfan_kafka, tool, "--list")
+        direct, through = _both(apache_kafka, kfan_kafka_one_node, tool, "--list")
         listed_while_moving = _moving(apache_kafka, topic)
         # Cancelling names partitions only (the throttles it would clear are per broker: kept).
         cancelled = run_tool(
-            tool, "--bootstrap-server", kfan_kafka.bootstrap, "--cancel", "--reassignment-json-file", plan, "--preserve-throttles"
+            tool, "--bootstrap-server", kfan_kafka_one_node.bootstrap, "--cancel", "--reassignment-json-file", plan, "--preserve-throttles"
         )
         moving_after = _moving(apache_kafka, topic)
     finally:

@@ -5,16 +5,41 @@ The launching itself lives in :mod:`proxy.tools.bench.processes`, shared with ``
 
 from __future__ import annotations
 
+import os
 import random
 import socket
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 
 from proxy.tools.bench.processes import SERVING, Kfan
 from proxy.tools.bench.processes import start_kfan as _start_kfan
 from proxy.tools.mock_cluster import MockCluster
 
-__all__ = ["SERVING", "Kfan", "kfan_at", "kfan_for_session", "kfan_on", "start_kfan", "start_kfan_with_broker_ports"]
+__all__ = [
+    "KFAN_NODE",
+    "SERVING",
+    "Kfan",
+    "kfan_at",
+    "kfan_for_session",
+    "kfan_on",
+    "shown_ids",
+    "shows_cluster_ids",
+    "start_kfan",
+    "start_kfan_with_broker_ports",
+]
+
+KFAN_NODE = 0  # the one node id a kfan shows with --broker-ids kfan (its default --node-id)
+
+
+def shows_cluster_ids() -> bool:
+    """Whether the suite's kfans show clients the brokers' own ids: ``KFAN_BROKER_IDS=cluster`` for the whole run
+    (README, "Tested against") reaches every kfan the suite starts; a fixture's own ``--broker-ids`` wins."""
+    return os.environ.get("KFAN_BROKER_IDS", "kfan") == "cluster"
+
+
+def shown_ids(real: Iterable[int]) -> list[int]:
+    """The broker ids a client of the suite's kfans sees: the brokers' own, or kfan's one node."""
+    return sorted(real) if shows_cluster_ids() else [KFAN_NODE]
 
 
 def start_kfan(

@@ -48,6 +48,8 @@ class Tansu:
     another. ``log``: Tansu's output, growing as it writes.
     """
 
+    NODE_ID = 111  # Tansu's own default node id (its command line sets none here)
+
     def __init__(self, port: int = 0) -> None:
         self.requested = port
         self.port = port
