@@ -9,6 +9,7 @@ Apache Kafka: tests/test_client_matrix.py.)
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import uuid
@@ -21,7 +22,7 @@ from kio.index import load_request_schema, load_response_schema
 
 from proxy.core import Context, Forward, Response, plan_request
 from proxy.core.plan import ANY_BROKER, FoldMetadata, LearnCoordinators
-from proxy.core.topology import Topology
+from proxy.core.topology import Broker, Topology
 from proxy.kafka import apis, errors, schema
 from tests.support.core_inputs import ALL_VERSIONS, BROKERS, IDENTITY, effects_of
 from tests.support.kio_oracle import kio_decode, kio_encode, request_payload
@@ -48,13 +49,22 @@ def test_metadata_names_the_brokers_by_their_ids_at_kfans_address(data: st.DataO
     version = data.draw(st.integers(lo, hi))
     req = data.draw(st.from_type(load_request_schema(apis.METADATA, version)))
     resp = data.draw(st.from_type(load_response_schema(apis.METADATA, version)))
-    plan = plan_request(Context(CLUSTER_IDS, Topology(brokers=BROKERS), ALL_VERSIONS), request_payload(req))
+    # Brokers that left the Metadata lately (some of them back in this answer, perhaps): shown after the live ones.
+    departed = {
+        i: Broker(i, f"gone{i}.internal", 9100 + i, data.draw(st.sampled_from([None, "az-2"])))
+        for i in data.draw(st.sets(st.integers(-2, 40), max_size=4))
+    }
+    topology = Topology(brokers=BROKERS, departed=departed)
+    plan = plan_request(Context(CLUSTER_IDS, topology, ALL_VERSIONS), request_payload(req))
     assert isinstance(plan, Forward) and set(plan.subs) == {ANY_BROKER}
     reply = plan.merge(plan, {ANY_BROKER: Response(answer_bytes(apis.METADATA, version, {}, 1)[:0] + _framed(resp, version))})
     out = kio_decode(type(resp), b"".join(bytes(p) for p in reply.body))
     shown = [(b.node_id, b.host, b.port, getattr(b, "rack", None)) for b in out.brokers]
-    assert shown == [(b.node_id, *KFAN, getattr(b, "rack", None)) for b in resp.brokers]
     live = {b.node_id for b in resp.brokers}
+    racks = version >= 1  # Metadata v0 has no rack
+    served = {**departed, **BROKERS}  # the ones kfan knew when the request came, too
+    gone = [(i, *KFAN, b.rack if racks else None) for i, b in sorted(served.items()) if i not in live]
+    assert shown == [(b.node_id, *KFAN, getattr(b, "rack", None)) for b in resp.brokers] + gone
     if hasattr(out, "controller_id"):
         assert out.controller_id == (resp.controller_id if resp.controller_id in live else min(live, default=-1))
     for t, t0 in zip(out.topics, resp.topics, strict=True):
@@ -65,6 +75,42 @@ def test_metadata_names_the_brokers_by_their_ids_at_kfans_address(data: st.DataO
                 assert p.leader_id == p0.leader_id and p.error_code == p0.error_code
             assert (p.replica_nodes, p.isr_nodes) == (p0.replica_nodes, p0.isr_nodes)
     assert len(effects_of(reply, FoldMetadata)) == 1
+
+
+def test_a_departed_broker_is_shown_with_the_clusters_ids_only() -> None:
+    """A broker gone from the Metadata stays listed (at kfan, leading nothing) with the cluster's ids, so that a
+    client keeps its connection to that id and the requests out on it (librdkafka drops a broker missing from
+    Metadata and counts its requests as not written); as one broker, kfan alone is listed."""
+    partition = {
+        "error_code": 0,
+        "partition_index": 0,
+        "leader_id": 1,
+        "leader_epoch": 0,
+        "replica_nodes": [1, 2],
+        "isr_nodes": [1],
+        "offline_replicas": [2],
+    }
+    topic = {
+        "error_code": 0,
+        "name": "t",
+        "topic_id": uuid.uuid4(),
+        "is_internal": False,
+        "partitions": [partition],
+        "topic_authorized_operations": 0,
+    }
+    answer = {"brokers": [{"node_id": 1, "host": "broker1.internal", "port": 9001, "rack": "az-1"}], "topics": [topic]}
+    # Broker 2 left before; broker 3 was there when the request came, and this answer is the first to leave it out.
+    known = {1: Broker(1, "broker1.internal", 9001, "az-1"), 3: Broker(3, "broker3.internal", 9003, "az-3")}
+    departed = {2: Broker(2, "broker2.internal", 9002, "az-2")}
+    for identity, listed in ((CLUSTER_IDS, [(1, "az-1"), (2, "az-2"), (3, "az-3")]), (IDENTITY, [(IDENTITY.node_id, None)])):
+        ctx = Context(identity, Topology(brokers=known, departed=departed), ALL_VERSIONS)
+        plan = plan_request(ctx, request_bytes(apis.METADATA, 12, {"topics": None}))
+        assert isinstance(plan, Forward)
+        reply = plan.merge(plan, {ANY_BROKER: Response(answer_bytes(apis.METADATA, 12, answer))})
+        body = schema.decode_body(schema.response_spec(apis.METADATA, 12), b"".join(bytes(p) for p in reply.body))
+        assert [(b["node_id"], b["rack"]) for b in body["brokers"]] == listed
+        assert {(b["host"], b["port"]) for b in body["brokers"]} == {(identity.host, identity.port)}
+        assert [p["leader_id"] for p in body["topics"][0]["partitions"]] == [1 if identity.cluster_ids else IDENTITY.node_id]
 
 
 def _framed(resp: Any, version: int) -> bytes:
@@ -174,12 +220,20 @@ def test_with_a_port_base_each_broker_is_shown_at_its_own_port_of_kfans_host() -
     assert replace(CLUSTER_IDS, port_base=65000).port_of(535) == 65535
 
 
+# kfan's defaults, also in a run with KFAN_BROKER_IDS=cluster.
+DEFAULT_ENV = {k: v for k, v in os.environ.items() if k != "KFAN_BROKER_IDS"}
+
+
 def test_a_port_base_without_the_clusters_ids_is_refused_at_start() -> None:
     for args, complaint in (
         (["--broker-port-base", "30000"], "--broker-port-base is used only with --broker-ids cluster"),
         (["--broker-ids", "cluster", "--broker-port-base", "70000"], "--broker-port-base 70000 is not a port"),
     ):
         done = subprocess.run(
-            [sys.executable, "-m", "proxy", "serve", "--bootstrap", "127.0.0.1:1", *args], capture_output=True, text=True, timeout=60
+            [sys.executable, "-m", "proxy", "serve", "--bootstrap", "127.0.0.1:1", *args],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env=DEFAULT_ENV,
         )
         assert done.returncode != 0 and complaint in done.stderr, done.stderr

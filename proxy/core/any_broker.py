@@ -76,7 +76,7 @@ def _rewritten(plan: Forward[str | None], payload: memoryview | bytes) -> Reply:
     route = plan.route
     spec = response_spec(hdr.api_key, hdr.api_version)
     if route.rewrite is not None:
-        body, effects = route.rewrite(plan.ctx.identity, plan.request, decode_answer(hdr, payload), spec)
+        body, effects = route.rewrite(plan.ctx, plan.request, decode_answer(hdr, payload), spec)
         if plan.ctx.client_identity:
             # Answered as the client: its errors are the client's, not the cluster's.
             effects = [FoldMetadata(e.metadata, described_only=True) if isinstance(e, FoldMetadata) else e for e in effects]

@@ -13,45 +13,51 @@ coordinators learned), and preferred read replicas never reach a client
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from ..kafka import errors
 from ..kafka.schema import Struct, StructSpec
 from .layout import Layout
-from .plan import Coordinator, Effect, FoldMetadata, Identity, KeyType, LearnCoordinators, RefreshTopology
+from .plan import Context, Coordinator, Effect, FoldMetadata, Identity, KeyType, LearnCoordinators, RefreshTopology
+from .topology import Broker
 
-# The rewrites an any-broker route names: (kfan, the client's request, the
-# decoded answer, the answer's schema) -> (the client's answer, effects).
-
-
-def metadata(identity: Identity, request: Struct, response: Struct, spec: StructSpec) -> tuple[Struct, list[Effect]]:
-    return rewrite_metadata(identity, response, _broker_blank(spec)), [FoldMetadata(response)]
+# The rewrites an any-broker route names: (what the core knows, the client's
+# request, the decoded answer, the answer's schema) -> (the client's answer, effects).
 
 
-def find_coordinator(identity: Identity, request: Struct, response: Struct, spec: StructSpec) -> tuple[Struct, list[Effect]]:
-    body, learned = rewrite_find_coordinator(identity, request, response)
+def metadata(ctx: Context, request: Struct, response: Struct, spec: StructSpec) -> tuple[Struct, list[Effect]]:
+    # Brokers kfan serves that the answer may not list: those that left lately, and those it knew when the
+    # request came (this answer may be the first to leave one out; a broker's answer listing none, too).
+    served = {**ctx.topology.departed, **ctx.topology.brokers}
+    return rewrite_metadata(ctx.identity, response, _broker_blank(spec), served), [FoldMetadata(response)]
+
+
+def find_coordinator(ctx: Context, request: Struct, response: Struct, spec: StructSpec) -> tuple[Struct, list[Effect]]:
+    body, learned = rewrite_find_coordinator(ctx.identity, request, response)
     return body, [LearnCoordinators(learned)] if learned else []
 
 
-def describe_cluster(identity: Identity, request: Struct, response: Struct, spec: StructSpec) -> tuple[Struct, list[Effect]]:
-    return rewrite_describe_cluster(identity, response, _broker_blank(spec)), []
+def describe_cluster(ctx: Context, request: Struct, response: Struct, spec: StructSpec) -> tuple[Struct, list[Effect]]:
+    return rewrite_describe_cluster(ctx.identity, response, _broker_blank(spec)), []
 
 
-def describe_topic_partitions(identity: Identity, request: Struct, response: Struct, spec: StructSpec) -> tuple[Struct, list[Effect]]:
-    if identity.cluster_ids:
+def describe_topic_partitions(ctx: Context, request: Struct, response: Struct, spec: StructSpec) -> tuple[Struct, list[Effect]]:
+    if ctx.identity.cluster_ids:
         return response, []
-    return {**response, "topics": _topics_as_kfan(identity.node_id, response["topics"])}, []
+    return {**response, "topics": _topics_as_kfan(ctx.identity.node_id, response["topics"])}, []
 
 
-def list_partition_reassignments(identity: Identity, request: Struct, response: Struct, spec: StructSpec) -> tuple[Struct, list[Effect]]:
-    if identity.cluster_ids:
+def list_partition_reassignments(ctx: Context, request: Struct, response: Struct, spec: StructSpec) -> tuple[Struct, list[Effect]]:
+    if ctx.identity.cluster_ids:
         return response, []
-    return {**response, "topics": _topics_as_kfan(identity.node_id, response["topics"])}, []
+    return {**response, "topics": _topics_as_kfan(ctx.identity.node_id, response["topics"])}, []
 
 
-def list_config_resources(identity: Identity, request: Struct, response: Struct, spec: StructSpec) -> tuple[Struct, list[Effect]]:
+def list_config_resources(ctx: Context, request: Struct, response: Struct, spec: StructSpec) -> tuple[Struct, list[Effect]]:
     """The brokers' BROKER and BROKER_LOGGER resources (named by broker id) become kfan's one node's."""
-    if identity.cluster_ids:
+    if ctx.identity.cluster_ids:
         return response, []
-    kfan_name = str(identity.node_id)
+    kfan_name = str(ctx.identity.node_id)
     entries: list[Struct] = []
     seen: set[int] = set()
     for r in response["config_resources"]:
@@ -167,7 +173,9 @@ def _topics_as_kfan(node: int, topics: list[Struct]) -> list[Struct]:
     return [{**t, "partitions": [_partition_as_kfan(node, p) for p in t["partitions"]]} for t in topics]
 
 
-def rewrite_metadata(identity: Identity, response: Struct, broker_base: Struct | None = None) -> Struct:
+def rewrite_metadata(
+    identity: Identity, response: Struct, broker_base: Struct | None = None, served: Mapping[int, Broker] | None = None
+) -> Struct:
     """kfan as the only broker: every leader, replica and controller is kfan.
 
     Except a leader that is not among the answer's brokers: Metadata lists live
@@ -175,12 +183,17 @@ def rewrite_metadata(identity: Identity, response: Struct, broker_base: Struct |
     either. It is reported as Kafka reports an offline partition (no leader,
     LEADER_NOT_AVAILABLE), so that clients wait for a leader instead of
     sending kfan requests it can only refuse.
+
+    With the cluster's ids, the brokers kfan still ``served`` that the answer
+    does not list (:attr:`Topology.departed`) are listed too, after the live
+    ones, leading nothing.
     """
     out = dict(response)
     live = {b["node_id"] for b in response["brokers"]}
     topics = [{**t, "partitions": [_without_absent_leader(p, live) for p in t["partitions"]]} for t in response["topics"]]
     if identity.cluster_ids:
-        out["brokers"] = _brokers_at_kfan(identity, response["brokers"])
+        unlisted = [_served_entry(b, broker_base) for i, b in sorted((served or {}).items()) if i not in live]
+        out["brokers"] = _brokers_at_kfan(identity, [*response["brokers"], *unlisted])
         if "controller_id" in out:
             out["controller_id"] = _controller(out["controller_id"], response["brokers"], "node_id")
         out["topics"] = topics
@@ -190,6 +203,13 @@ def rewrite_metadata(identity: Identity, response: Struct, broker_base: Struct |
         out["controller_id"] = identity.node_id
     out["topics"] = _topics_as_kfan(identity.node_id, topics)
     return out
+
+
+def _served_entry(broker: Broker, base: Struct | None) -> Struct:
+    entry = {**(base or {}), "node_id": broker.node_id}
+    if "rack" in entry:  # Metadata v1 on
+        entry["rack"] = broker.rack
+    return entry
 
 
 def _without_absent_leader(p: Struct, live: set[int]) -> Struct:

@@ -433,9 +433,9 @@ class Login(enum.Enum):
 
 Planner = Callable[["Route[Any]", Context, RequestHeader, memoryview, Struct], Plan]
 KeyOf = Callable[[Struct], Coordinator | None]  # the group or transaction a request belongs to; None: any broker
-# An answer's identity rewrite: (kfan, the client's request, the broker's answer, the answer's schema) -> the
-# answer as kfan's, and the effects of what it said.
-Rewriter = Callable[[Identity, Struct, Struct, StructSpec], tuple[Struct, list[Effect]]]
+# An answer's identity rewrite: (what the core knows, kfan's identity among it; the client's request, the broker's
+# answer, the answer's schema) -> the answer as kfan's, and the effects of what it said.
+Rewriter = Callable[[Context, Struct, Struct, StructSpec], tuple[Struct, list[Effect]]]
 
 
 @dataclass(frozen=True, slots=True)

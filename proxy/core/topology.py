@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 NO_LEADER = -1
@@ -35,6 +35,12 @@ class Topology:
     controller_id: int = NO_LEADER
     # topic name -> partition index -> the in-sync replicas (a follower to read from must be one)
     isr: Mapping[str, Mapping[int, frozenset[int]]] = field(default_factory=dict)
+    # Brokers the Metadata listed before and lists no more, until the I/O layer forgets them: with the cluster's ids
+    # a client is still shown them (kfan serves every id), so that it keeps its connection to that id and the
+    # requests out on it. librdkafka drops a broker missing from Metadata and counts its requests in flight as not
+    # written; through kfan they went to the partitions' live leaders, and an idempotent producer that sends them
+    # again under new sequence numbers fails for good (OUT_OF_ORDER_SEQUENCE_NUMBER).
+    departed: Mapping[int, Broker] = field(default_factory=dict)
 
     def leader(self, topic: str, partition: int) -> int | None:
         """The leading broker, or None when the partition or its leader is unknown."""
@@ -94,13 +100,15 @@ class Topology:
             tid = t.get("topic_id")
             if tid is not None and tid.int != 0:
                 topic_ids[tid] = name
+        brokers = brokers or dict(self.brokers)
         return Topology(
-            brokers=brokers or dict(self.brokers),
+            brokers=brokers,
             leaders=leaders,
             topic_ids=topic_ids,
             cluster_id=response.get("cluster_id", self.cluster_id),
             controller_id=response.get("controller_id", self.controller_id),
             isr=isr,
+            departed={i: b for i, b in {**self.departed, **self.brokers}.items() if i not in brokers},
         )
 
     def known_ids_only(self) -> Topology:
@@ -108,7 +116,14 @@ class Topology:
         ids = {tid: name for tid, name in self.topic_ids.items() if name in self.leaders}
         if len(ids) == len(self.topic_ids):
             return self
-        return Topology(self.brokers, self.leaders, ids, self.cluster_id, self.controller_id, self.isr)
+        return replace(self, topic_ids=ids)
+
+    def forgetting(self, departed: Iterable[int]) -> Topology:
+        """The same snapshot without these departed brokers (no longer shown to clients)."""
+        gone = set(departed)
+        if not gone & self.departed.keys():
+            return self
+        return replace(self, departed={i: b for i, b in self.departed.items() if i not in gone})
 
     def to_json(self) -> str:
         return json.dumps(
@@ -119,6 +134,7 @@ class Topology:
                 "cluster_id": self.cluster_id,
                 "controller_id": self.controller_id,
                 "isr": {t: {str(p): sorted(nodes) for p, nodes in ps.items()} for t, ps in self.isr.items()},
+                "departed": [[b.node_id, b.host, b.port, b.rack] for b in self.departed.values()],
             },
             sort_keys=True,
         )
@@ -134,4 +150,5 @@ class Topology:
             controller_id=d["controller_id"],
             # Captures made before kfan read from followers have none.
             isr={t: {int(p): frozenset(nodes) for p, nodes in ps.items()} for t, ps in d.get("isr", {}).items()},
+            departed={b[0]: Broker(b[0], b[1], b[2], b[3]) for b in d.get("departed", ())},  # captures before it: none
         )
