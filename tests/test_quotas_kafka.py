@@ -20,7 +20,7 @@ import pytest
 from confluent_kafka import Consumer, Producer
 
 from tests.support.apache_kafka.cluster import KafkaCluster
-from tests.support.kfan import Kfan, kfan_at
+from tests.support.kfan import Kfan, kfan_at, shown_ids
 from tests.support.metrics import http_get, labels_of, metrics_port_in, parse_samples
 
 MB = 1024 * 1024
@@ -164,8 +164,11 @@ def test_quota_holders_get_their_quota_and_others_are_unaffected(apache_kafka: K
     throttles = {n: f.throttle_max_ms for n, f in flows.items()}
     print(f"MB/s over {RUN_S:.0f} s: {rates}; librdkafka's longest throttle (ms): {throttles}")
     assert not any(f.errors for f in flows.values()), {n: f.errors[:3] for n, f in flows.items()}
+    # A client may have taken up to a burst (1 s of its quota) on each of its connections, one per broker it is
+    # shown, whose throttle had not run out when the run ended: each connection beyond the first adds one.
+    most = 1.1 + (len(shown_ids(apache_kafka.brokers)) - 1) * QUOTA / RUN_S / MB
     for limited in ("quota-producer", "quota-consumer"):
-        assert 0.9 <= rates[limited] <= 1.1, (limited, rates)
+        assert 0.9 <= rates[limited] <= most, (limited, rates)
         assert throttles[limited] > 0, (limited, throttles)
     assert rates["free-producer"] >= 2.5, rates  # its own pace (3 MB/s), not the quota
     assert rates["free-consumer"] >= 2.5, rates  # keeps up with the free producer

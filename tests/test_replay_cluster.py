@@ -59,7 +59,8 @@ def capture(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[Captur
     with MockCluster() as cluster:
         topic = f"cluster-{uuid.uuid4().hex[:8]}"
         cluster.create_topic(topic, PARTITIONS, leaders=[1, 2, 3])
-        k = start_kfan(cluster.bootstrap, "--capture", str(directory))
+        # kfan as one broker (also in a run with KFAN_BROKER_IDS=cluster): the capture holds its splits.
+        k = start_kfan(cluster.bootstrap, "--capture", str(directory), "--broker-ids", "kfan")
         try:
             producer = Producer({"bootstrap.servers": k.bootstrap, "linger.ms": 20})
             for i in range(RECORDS):
