@@ -46,6 +46,25 @@ DEPARTED_SHOWN_S = 300.0
 MAX_DEPARTED = 1024
 
 
+class DepartedBrokers:
+    """When each of the topology's departed brokers (``Topology.departed``) left: they are forgotten after
+    ``DEPARTED_SHOWN_S``, and beyond the ``MAX_DEPARTED`` that left last."""
+
+    def __init__(self) -> None:
+        self._since: dict[int, float] = {}
+
+    def aged(self, topology: Topology) -> Topology:
+        """``topology``, less the departed brokers shown long enough (or beyond the most kept)."""
+        if not topology.departed and not self._since:
+            return topology
+        now = trio.current_time()
+        since = {i: self._since.get(i, now) for i in topology.departed}
+        newest = sorted(since, key=since.__getitem__, reverse=True)
+        forgotten = {i for n, i in enumerate(newest) if n >= MAX_DEPARTED or now - since[i] > DEPARTED_SHOWN_S}
+        self._since = {i: since[i] for i in newest if i not in forgotten}
+        return topology.forgetting(forgotten)
+
+
 class ClusterUnavailable(Exception):
     """No bootstrap broker answered."""
 
@@ -251,7 +270,7 @@ class Cluster:
         self.request_timeout = request_timeout
         self.max_frame_bytes = max_frame_bytes
         self.topology = Topology()
-        self._departed_at: dict[int, float] = {}  # when each of the topology's departed brokers left
+        self._departed = DepartedBrokers()
         self.api_versions: dict[int, tuple[int, int]] = {}
         self.features = NO_FEATURES
         # The brokers' auto.create.topics.enable (Kafka's default until one says): whether a Metadata request
@@ -345,9 +364,7 @@ class Cluster:
 
     def _took(self, metadata: Mapping[str, Any]) -> None:
         """A refresh's answer: the topology it describes, and the brokers it names probed."""
-        # Ids learned from clients' answers stay (older control-plane versions carry none), those of deleted topics go.
-        old = self.topology
-        self._fold(Topology(topic_ids=old.topic_ids, brokers=old.brokers, departed=old.departed).with_metadata(metadata).known_ids_only())
+        self.topology = self._departed.aged(self.topology.refreshed_by(metadata))
         self.refreshes += 1
         self.refreshed_at = trio.current_time()
         metrics.REFRESHES.labels("ok").inc()
@@ -405,18 +422,7 @@ class Cluster:
     def fold_metadata(self, metadata: Mapping[str, Any], *, described_only: bool = False) -> None:
         """``described_only``: a client's answer (see :class:`~proxy.core.FoldMetadata`): its errors change nothing."""
         if metadata["brokers"]:  # an answer naming no broker would leave nothing to route to
-            self._fold(self.topology.with_metadata(metadata, described_only=described_only))
-
-    def _fold(self, topology: Topology) -> None:
-        """``topology`` is the cluster's now, less the departed brokers shown long enough (or beyond the most kept)."""
-        if topology.departed or self._departed_at:
-            now = trio.current_time()
-            since = {i: self._departed_at.get(i, now) for i in topology.departed}
-            newest = sorted(since, key=since.__getitem__, reverse=True)
-            forgotten = {i for n, i in enumerate(newest) if n >= MAX_DEPARTED or now - since[i] > DEPARTED_SHOWN_S}
-            self._departed_at = {i: since[i] for i in newest if i not in forgotten}
-            topology = topology.forgetting(forgotten)
-        self.topology = topology
+            self.topology = self._departed.aged(self.topology.with_metadata(metadata, described_only=described_only))
 
     def any_broker(self, exclude: int | None = None) -> int | None:
         """A broker believed reachable (any known one when none is), other than ``exclude``; None when there is none."""

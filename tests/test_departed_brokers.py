@@ -30,6 +30,7 @@ def test_a_broker_that_leaves_is_departed_until_it_is_back() -> None:
     assert two.with_metadata(_metadata(1)).departed.keys() == {2, 3}
     assert two.with_metadata(_metadata(1, 2, 3)).departed == {}  # back: a broker again
     assert two.forgetting([2]).departed == {} and two.forgetting([7]) is two
+    assert three.refreshed_by(_metadata(1, 3)).departed == two.departed  # kfan's own refresh: the same
     assert Topology.from_json(two.to_json()) == two  # a capture's row keeps them for the replay
     assert Topology.from_json(three.to_json().replace(', "departed": []', "")) == three  # captures made before
 

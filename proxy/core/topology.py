@@ -111,6 +111,11 @@ class Topology:
             departed={i: b for i, b in {**self.departed, **self.brokers}.items() if i not in brokers},
         )
 
+    def refreshed_by(self, response: Mapping[str, Any]) -> Topology:
+        """A refresh's whole answer: its topics replace all the snapshot holds; topic ids learned from clients'
+        answers stay (older versions carry none) while their topics do; brokers it leaves out are departed."""
+        return Topology(brokers=self.brokers, topic_ids=self.topic_ids, departed=self.departed).with_metadata(response).known_ids_only()
+
     def known_ids_only(self) -> Topology:
         """The same snapshot without the topic ids of topics it no longer holds (deleted since they were learned)."""
         ids = {tid: name for tid, name in self.topic_ids.items() if name in self.leaders}
