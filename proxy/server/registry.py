@@ -27,6 +27,9 @@ class Connections:
         self._open: set[ClientConnection] = set()
         self._empty = trio.Event()  # set while no connection is open
         self._empty.set()
+        # A graceful stop is draining every connection. One accepted before the stop but counted only after it
+        # began (a TLS handshake comes first) is drained as it is counted: else the stop waits out its timeouts.
+        self.draining = False
 
     def __len__(self) -> int:
         return len(self._open)
@@ -38,6 +41,8 @@ class Connections:
         if self._empty.is_set():
             self._empty = trio.Event()
         self._open.add(conn)
+        if self.draining:
+            conn.drain()
 
     def discard(self, conn: ClientConnection) -> None:
         self._open.discard(conn)

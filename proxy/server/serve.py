@@ -140,6 +140,7 @@ class Running:
             with trio.move_on_after(period + 1):
                 await self.connections.wait_empty()
         log.info("stopping: %d client connections to drain (up to %.0f s)", len(self.connections), timeout)
+        self.connections.draining = True
         for conn in self.connections:
             conn.drain()
         with trio.move_on_after(timeout):
