@@ -35,6 +35,7 @@ from .control import ControlLinks, control_version
 from .coordinators import ANSWER_FAILURES, CoordinatorCache, Coordinators
 from .flights import Flights
 from .schemas import SchemaPreloader
+from .sequences import ProducerSequences
 from .transport import BrokerSecurity
 
 log = logging.getLogger("kfan.cluster")
@@ -265,6 +266,7 @@ class Cluster:
         self.read_replicas = ReadReplicas(read_replica_max_age)
         # Process-wide too: identical Metadata requests out at once are sent once (a client storm is not multiplied).
         self.flights = Flights()
+        self.sequences = ProducerSequences()  # and an idempotent producer's batches keep their order across connections
         self.problem: str | None = None  # why kfan is not ready, for /readyz
         self.security = security if security is not None else BrokerSecurity()
         self.request_timeout = request_timeout

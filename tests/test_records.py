@@ -36,14 +36,16 @@ records_st = st.lists(
 )
 
 
-def v2_batch(records: list[tuple[bytes | None, bytes | None, int]], compression: int) -> bytes:
+def v2_batch(
+    records: list[tuple[bytes | None, bytes | None, int]], compression: int, producer: tuple[int, int, int] = (-1, -1, -1)
+) -> bytes:
     builder = DefaultRecordBatchBuilder(
         magic=2,
         compression_type=compression,
         is_transactional=False,
-        producer_id=-1,
-        producer_epoch=-1,
-        base_sequence=-1,
+        producer_id=producer[0],
+        producer_epoch=producer[1],
+        base_sequence=producer[2],
         batch_size=1 << 22,
     )
     for offset, (key, value, timestamp) in enumerate(records):
@@ -186,3 +188,29 @@ def _refused_by_kfan(cluster: MockCluster, kfan: Kfan, topic: str, good: bytes, 
 def _invalid_batches(kfan: Kfan) -> dict[str, float]:
     _, text = http_get(f"http://127.0.0.1:{metrics_port_in(kfan.log)}/metrics")
     return {labels.split('"')[1]: v for labels, v in parse_samples(text).get("kfan_invalid_batches_total", [])}
+
+
+@settings(max_examples=50, suppress_health_check=list(HealthCheck), deadline=None)
+@given(
+    records=records_st,
+    compression=st.sampled_from([0, 1]),
+    producer=st.tuples(st.integers(0, 2**63 - 1), st.integers(0, 2**15 - 1), st.integers(0, 2**31 - 1)),
+)
+def test_the_producer_id_is_read_from_the_first_batch(
+    records: list[tuple[bytes | None, bytes | None, int]], compression: int, producer: tuple[int, int, int]
+) -> None:
+    batch = v2_batch(records, compression, producer)
+    assert kafka_records.producer_id(batch) == producer[0]
+    assert kafka_records.producer_id(batch + v2_batch(records, 0)) == producer[0], "one producer's batches per partition: the first says"
+    assert kafka_records.producer_id(v2_batch(records, compression)) == -1, "no producer"
+    assert kafka_records.producer_id(batch[:60]) == -1, "shorter than a batch header"
+    assert kafka_records.producer_id(None) == -1
+    built = kafka_records.record_batch([b"v"], producer=producer)
+    read = DefaultRecordBatch(built)
+    assert read.validate_crc() and (read.producer_id, read.producer_epoch, read.base_sequence) == producer
+    assert kafka_records.producer_id(built) == producer[0]
+
+
+def test_a_message_set_has_no_producer_id() -> None:
+    for magic in (0, 1):
+        assert kafka_records.producer_id(legacy_set([(None, b"x" * 80, 0)], magic)) == -1

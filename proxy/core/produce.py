@@ -18,17 +18,20 @@ from typing import Any
 
 from ..kafka import errors
 from ..kafka.headers import RequestHeader
-from ..kafka.records import Invalid, check_records
+from ..kafka.records import Invalid, check_records, producer_id
 from ..kafka.schema import Struct
 from . import leader
-from .layout import Layout, TopicPartition
-from .plan import BrokerFailure, Context, Plan, Route
+from .layout import Layout, TopicKey, TopicPartition
+from .plan import BrokerFailure, Context, LeaderSplit, Plan, Route
 
 # NETWORK_EXCEPTION is the general answer for a failed broker, but librdkafka
 # fails a produced batch for good on it. So a Produce that reached the broker
 # gets REQUEST_TIMED_OUT ("maybe written", retried by every client), and one
 # that never left kfan NOT_LEADER_OR_FOLLOWER ("not written": refresh, retry).
 FAILURE = BrokerFailure(written=errors.REQUEST_TIMED_OUT, unwritten=errors.NOT_LEADER_OR_FOLLOWER)
+
+# One producer's batches for one partition, which a broker must read in the producer's sequence order.
+ProducerPartition = tuple[int, TopicKey, int]  # producer id, topic, partition
 
 
 def plan(route: Route[Any], ctx: Context, hdr: RequestHeader, payload: memoryview, request: Struct) -> Plan:
@@ -45,4 +48,20 @@ def invalid_records(request: Struct, request_layout: Layout) -> dict[TopicPartit
         problem = check_records(partition["records"])
         if problem is not None:
             out[(topic, request_layout.partition_index(partition))] = problem
+    return out
+
+
+def sequenced(split: LeaderSplit) -> dict[int, list[ProducerPartition]]:
+    """Per broker, the partitions a Produce sends it with an idempotent or transactional producer's batches.
+
+    A broker orders one connection's requests only, and accepts any sequence number as a producer's first on a
+    partition: kfan keeps these in the order it read them, whichever client connection they came on
+    (:mod:`backends.sequences`).
+    """
+    out: dict[int, list[ProducerPartition]] = {}
+    layout = split.request_layout
+    for broker, sub in split.by_leader.items():
+        found = [(pid, topic, layout.partition_index(p)) for topic, p in layout.entries(sub) if (pid := producer_id(p["records"])) >= 0]
+        if found:
+            out[broker] = found
     return out

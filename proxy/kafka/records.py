@@ -63,6 +63,18 @@ def first_batch_transactional(data: bytes | memoryview | None) -> bool:
     return bool(attributes & _TRANSACTIONAL)
 
 
+_PRODUCER_ID = struct.Struct(">q")
+_PRODUCER_ID_AT = 43
+
+
+def producer_id(data: bytes | memoryview | None) -> int:
+    """The producer id of the first record batch of ``data`` (every batch of a Produce partition carries one
+    producer's), -1 when it has none: no idempotent or transactional producer, or a message set (magic 0, 1)."""
+    if data is None or len(data) < _BATCH_HEAD or data[_MAGIC_AT] < 2:
+        return -1
+    return int(_PRODUCER_ID.unpack_from(data, _PRODUCER_ID_AT)[0])
+
+
 def check_records(data: bytes | memoryview | None, *, partial_tail: bool = False) -> Invalid | None:
     """None when every batch or message in ``data`` is whole and its checksum matches.
 
@@ -136,14 +148,16 @@ def _varint(n: int) -> bytes:
     return bytes(out)
 
 
-def record_batch(values: list[bytes], timestamp_ms: int = 0) -> bytes:
-    """One record batch (magic 2, uncompressed, no producer id) of keyless records, CRC-32C as brokers check it."""
+def record_batch(values: list[bytes], timestamp_ms: int = 0, *, producer: tuple[int, int, int] = (-1, -1, -1)) -> bytes:
+    """One record batch (magic 2, uncompressed) of keyless records, CRC-32C as brokers check it.
+
+    ``producer``: its producer id, epoch and base sequence (an idempotent producer's); none by default."""
     records = bytearray()
     for delta, value in enumerate(values):
         body = b"\x00" + _varint(0) + _varint(delta) + _varint(-1) + _varint(len(value)) + value + _varint(0)
         records += _varint(len(body)) + body
     n = len(values)
-    after_crc = _BATCH_AFTER_CRC.pack(0, n - 1, timestamp_ms, timestamp_ms, -1, -1, -1, n) + records
+    after_crc = _BATCH_AFTER_CRC.pack(0, n - 1, timestamp_ms, timestamp_ms, *producer, n) + records
     # batchLength counts from partitionLeaderEpoch (4) through magic (1) and crc (4) to the end.
     head = struct.pack(">qii", 0, 4 + 1 + 4 + len(after_crc), -1) + b"\x02"
     return head + _CRC.pack(crc32c(after_crc)) + after_crc

@@ -26,9 +26,11 @@ from backends.flights import FlightKey
 from backends.link import Link, LinkClosed, LinkError, Pending
 from backends.links import Lane, LinkPool
 from backends.sasl import AuthenticationFailed
-from proxy.core import ANY_BROKER, BrokerAnswer, Destination, Failed, FetchForward, Forward, Response, SubRequest
+from backends.sequences import wait_for
+from proxy.core import ANY_BROKER, BrokerAnswer, Destination, Failed, FetchForward, Forward, Response, SubRequest, produce
 from proxy.core.fetch_wait import FetchWait
-from proxy.kafka import errors
+from proxy.core.produce import ProducerPartition
+from proxy.kafka import apis, errors
 from proxy.runtime import metrics
 from proxy.server.fetches import Fetches
 from proxy.server.gather import FETCH_GRACE, Gathered, Handles, gather, gather_fetch
@@ -67,6 +69,7 @@ class Dispatcher:
         """Send every sub-request now, in order; coordinators are resolved first."""
         out: Handles = {}
         fresh: list[tuple[Destination, int]] = []  # sub-fetches to send, once there is room for their answers
+        sequenced: dict[int, list[ProducerPartition]] | None = None  # a Produce's idempotent batches, per broker
         for destination, sub in plan.subs.items():
             broker = await self.links.resolve(destination)
             if broker is None:
@@ -92,6 +95,11 @@ class Dispatcher:
             link = await self.links.link_when_ready(broker, _lane(plan))
             if link is None:
                 out[destination] = Failed(plan.route.failure.code(written=False))
+                continue
+            if sequenced is None and plan.header.api_key == apis.PRODUCE and plan.expect_response:
+                sequenced = produce.sequenced(plan.state)
+            if sequenced and destination in sequenced:
+                out[destination] = await self._send_in_turn(plan, link, sub, sequenced[destination])
                 continue
             out[destination] = self._send(link, sub, flight)
         if isinstance(plan, FetchForward):
@@ -127,6 +135,20 @@ class Dispatcher:
         flight = self.flight_key(plan)
         shared = None if flight is None else self.cluster.flights.join(flight)
         return {ANY_BROKER: shared if shared is not None else self._send(link, plan.subs[ANY_BROKER], flight)}
+
+    async def _send_in_turn(self, plan: Forward, link: Link, sub: SubRequest, partitions: list[ProducerPartition]) -> Pending | Failed:
+        """An idempotent producer's batches, sent once those read before them on other links are answered
+        (:mod:`backends.sequences`); not sent, and retriable, when that takes past the request's deadline."""
+        turn, before = self.cluster.sequences.take_turn(partitions, link)
+        pending: Pending | None = None
+        try:
+            if before and not await wait_for(before, self.deadline(plan, trio.current_time())):
+                log.info("client %s: a Produce waited past its deadline for the same producer's batches on another connection", self.client)
+                return Failed(plan.route.failure.code(written=False))
+            pending = self._send(link, sub, None)
+            return pending
+        finally:
+            turn.sent(pending)
 
     def _send(self, link: Link, sub: SubRequest, flight: FlightKey | None) -> Pending:
         """``sub`` out on ``link``; with a flight key, identical requests may share its answer until it lands."""

@@ -1,0 +1,193 @@
+"""An idempotent producer's batches reach a broker in the order kfan read them, whichever connection they came on.
+
+With ``--broker-ids cluster`` a client sends a partition's Produce on the
+connection of the leader it believes in; when a leader moves, batches sent to
+the old leader's id and to the new one's meet at kfan, and kfan sends both to
+the real leader on two links. A broker orders one connection's requests only,
+so kfan holds the later batch until the earlier one is answered
+(:mod:`backends.sequences`). Two whole client connections over memory
+streams share one :class:`Cluster` and fake brokers (as in
+``tests/test_connection.py``); the test decides when the broker answers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import pytest
+import trio
+import trio.testing
+
+from backends.pending import Pending
+from backends.sequences import ProducerSequences, Turn, wait_for
+from proxy.kafka import apis, errors
+from proxy.kafka.records import record_batch
+from proxy.server.connection import ClientConnection, Limits
+from tests.support.memory_broker import BrokerRequest, MemoryBrokers
+from tests.support.messages import request_bytes
+from tests.test_connection import IDENTITY, PRODUCE_V, TEST_DEADLINE, TOPIC, Client, answer_produce, by_partition, make_cluster
+
+PID = 4711
+
+
+@pytest.fixture
+def autojump_clock() -> trio.testing.MockClock:
+    return trio.testing.MockClock(autojump_threshold=0)
+
+
+def produce(cid: int, batches: dict[int, tuple[int, int]]) -> bytes:
+    """acks=all; per partition, one record from (producer id, base sequence), -1: no producer."""
+    data = [
+        {
+            "name": TOPIC,
+            "partition_data": [{"index": p, "records": record_batch([b"v"], producer=(pid, 0, seq))} for p, (pid, seq) in batches.items()],
+        }
+    ]
+    return request_bytes(apis.PRODUCE, PRODUCE_V, {"transactional_id": None, "acks": -1, "timeout": 5000, "topic_data": data}, cid)
+
+
+def base_sequences(req: BrokerRequest) -> dict[int, int]:
+    out = {}
+    for t in req.body["topic_data"]:
+        for p in t["partition_data"]:
+            out[p["index"]] = int.from_bytes(bytes(p["records"])[53:57], "big", signed=True)
+    return out
+
+
+@asynccontextmanager
+async def two_clients() -> AsyncIterator[tuple[Client, Client, MemoryBrokers]]:
+    """Two client connections of one kfan process (one cluster view, one set of brokers)."""
+    with trio.fail_after(TEST_DEADLINE):
+        async with trio.open_nursery() as nursery:
+            brokers = MemoryBrokers(nursery)
+            cluster = make_cluster()
+            clients = []
+            for _ in range(2):
+                ours, theirs = trio.testing.memory_stream_pair()
+                nursery.start_soon(ClientConnection(theirs, cluster, IDENTITY, Limits(), connect_broker=brokers.connect).run)
+                clients.append(Client(ours))
+            yield clients[0], clients[1], brokers
+            nursery.cancel_scope.cancel()
+
+
+async def produced(client: Client, cid: int) -> dict[int, int]:
+    got, body = await client.response(apis.PRODUCE, PRODUCE_V)
+    assert got == cid
+    return {p: r["error_code"] for p, r in by_partition(body, "responses", "partition_responses", "index").items()}
+
+
+async def test_a_later_batch_on_another_connection_waits_for_the_earlier_answer(autojump_clock: trio.testing.MockClock) -> None:
+    async with two_clients() as (a, b, brokers):
+        await a.send(produce(1, {0: (PID, 0)}))  # partition 0: broker 1
+        first = await brokers.next(1)
+        await b.send(produce(2, {0: (PID, 1)}))
+        await trio.sleep(5.0)
+        assert brokers.count(1, apis.PRODUCE) == 1, "the later batch reached the broker before the earlier one was answered"
+        await answer_produce(first, 0)
+        second = await brokers.next(1)
+        assert second.connection is not first.connection and base_sequences(second) == {0: 1}
+        await answer_produce(second, 1)
+        assert await produced(a, 1) == {0: errors.NONE}
+        assert await produced(b, 2) == {0: errors.NONE}
+
+
+async def test_other_producers_partitions_and_the_same_connection_do_not_wait(autojump_clock: trio.testing.MockClock) -> None:
+    async with two_clients() as (a, b, brokers):
+        await a.send(produce(1, {0: (PID, 0)}))
+        first = await brokers.next(1)
+        await a.send(produce(2, {0: (PID, 1)}))  # the same link: the broker keeps this order itself
+        await b.send(produce(3, {0: (PID + 1, 0)}))  # another producer
+        await b.send(produce(4, {2: (PID, 0)}))  # another partition (broker 1 too)
+        await b.send(produce(5, {0: (-1, -1)}))  # no producer id: nothing to order
+        others = [await brokers.next(1) for _ in range(4)]
+        assert not first.answered, "nothing was answered: none of them waited"
+        assert sorted(base_sequences(r).popitem() for r in others) == [(0, -1), (0, 0), (0, 1), (2, 0)]
+        for n, req in enumerate([first, *others]):
+            await answer_produce(req, n)
+        for client, cid, partition in ((a, 1, 0), (a, 2, 0), (b, 3, 0), (b, 4, 2), (b, 5, 0)):
+            assert await produced(client, cid) == {partition: errors.NONE}
+
+
+async def test_a_split_produce_waits_only_where_its_producer_has_a_batch_out(autojump_clock: trio.testing.MockClock) -> None:
+    async with two_clients() as (a, b, brokers):
+        await a.send(produce(1, {0: (PID, 0)}))  # broker 1
+        first = await brokers.next(1)
+        await b.send(produce(2, {1: (PID, 0), 0: (PID, 1)}))  # partition 1 to broker 2 (free), partition 0 to broker 1 (waits)
+        on_two = await brokers.next(2)
+        assert base_sequences(on_two) == {1: 0}
+        await trio.sleep(5.0)
+        assert brokers.count(1, apis.PRODUCE) == 1
+        await answer_produce(on_two, 0)
+        await answer_produce(first, 0)
+        await answer_produce(await brokers.next(1), 1)
+        assert await produced(a, 1) == {0: errors.NONE}
+        assert await produced(b, 2) == {0: errors.NONE, 1: errors.NONE}
+
+
+async def test_a_batch_held_past_its_deadline_is_retriable_and_never_sent(autojump_clock: trio.testing.MockClock) -> None:
+    async with two_clients() as (a, b, brokers):
+        await a.send(produce(1, {0: (PID, 0)}))
+        first = await brokers.next(1)  # never answered
+        await b.send(produce(2, {0: (PID, 1)}))
+        assert await produced(b, 2) == {0: errors.NOT_LEADER_OR_FOLLOWER}, "not written: the client sends it again"
+        assert brokers.count(1, apis.PRODUCE) == 1, "the held batch was sent after all"
+        assert not first.answered
+
+
+# --- the bookkeeping alone ---------------------------------------------------------------------
+
+
+async def test_turns_wait_for_other_links_until_answered(autojump_clock: trio.testing.MockClock) -> None:
+    seqs = ProducerSequences()
+    link_a, link_b = object(), object()
+    key = (PID, TOPIC, 0)
+    first, before = seqs.take_turn([key], link_a)
+    assert before == []
+    same, before = seqs.take_turn([key], link_a)
+    assert before == [], "the same link keeps its own order"
+    other, before = seqs.take_turn([key], link_b)
+    assert before == [same], "the latest turn is the one to wait for"
+    pending = Pending()
+    first.sent(Pending())
+    same.sent(pending)
+    assert not await wait_for(before, trio.current_time() + 1.0), "answered before its answer came"
+    pending.set(b"answer")
+    assert await wait_for(before, trio.current_time() + 1.0)
+    other.sent(None)
+    _, before = seqs.take_turn([key], link_a)
+    assert before == [], "a turn given up without being sent holds nobody"
+
+
+async def test_a_turn_not_yet_sent_is_waited_for() -> None:
+    seqs = ProducerSequences()
+    key = (PID, TOPIC, 0)
+    waiting, _ = seqs.take_turn([key], object())
+    _, before = seqs.take_turn([key], object())
+    assert before == [waiting]
+    done = trio.Event()
+
+    async def waiter() -> None:
+        await wait_for(before, trio.current_time() + 10.0)
+        done.set()
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(waiter)
+        await trio.sleep(0.05)
+        assert not done.is_set()
+        waiting.sent(None)
+        await done.wait()
+
+
+def test_the_table_keeps_only_turns_not_over() -> None:
+    seqs = ProducerSequences()
+    link = object()
+    live: list[Turn] = []
+    for n in range(10 * ProducerSequences.SWEEP_FROM):
+        turn, _ = seqs.take_turn([(n, TOPIC, 0)], link)
+        if n % 100 == 0:
+            live.append(turn)  # never sent: kept
+        else:
+            turn.sent(None)
+        assert len(seqs) <= max(ProducerSequences.SWEEP_FROM, 2 * len(live)), f"{len(seqs)} entries after {n + 1} turns"
+    assert len(seqs) >= len(live)
