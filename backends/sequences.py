@@ -1,56 +1,105 @@
-"""An idempotent producer's batches to a partition, kept in the order kfan read them across client connections.
+"""An idempotent producer's batches to a partition, kept in the order kfan read them across its links.
 
 A broker reads one connection's requests in order, but two connections'
 in any order, and it accepts any sequence number as a producer's first on a
-partition. Directly, a client has a partition's batches in flight to one
-broker on one connection. Through kfan they can be on two: with
-``--broker-ids cluster`` a client sends a partition's Produce on the
-connection of the leader it believes in, so when a leader moves, batches
-sent to the old leader's id and to the new one's meet at kfan, which sends
-both on to the real leader, each on its client connection's own link. A
-later batch written first makes the earlier one fail for good
+partition. Directly, a client has a partition's batches in flight to a broker
+on one connection, and a batch the broker refuses is followed by the refusal
+of the later ones it sent (the broker is not the leader, or they are out of
+sequence). Through kfan, a partition's batches can go out on two links:
+
+- with ``--broker-ids cluster`` a client sends a partition's Produce on the
+  connection of the leader it believes in, so when a leader moves, batches
+  sent to the old leader's id and to the new one's meet at kfan, and go on to
+  the real leader each on its client connection's own link;
+- in either mode, kfan's view of the leaders can change between two requests
+  of one connection, so the earlier goes to the old leader, the later to the
+  new one.
+
+A later batch written first makes the earlier one fail for good
 (OUT_OF_ORDER_SEQUENCE_NUMBER). So a Produce sub-request carrying a
 producer's batches for a partition waits, before it is sent, until the one
-read before it for that producer and partition on another link is answered.
-On the same link it does not wait: the broker keeps that order itself.
+read before it for that producer and partition on another link is answered
+(on the same link the broker keeps the order itself), and is not sent when
+the client will send that one again (kfan did not send it, its broker
+failed, or refused it with an error Kafka's clients retry) and it carries a
+later sequence of the same producer epoch: kfan answers it as not written
+(NOT_LEADER_OR_FOLLOWER), and the client sends both again in its order.
 
 Process-wide (per worker): a client's connections that reach another kfan
 process are not ordered here (README, Limitations).
 
-Boundaries: bookkeeping and the wait; which partitions carry whose batches is
-:func:`proxy.core.produce.sequenced`'s, and the sending is the dispatcher's.
+Boundaries: bookkeeping and the wait; which partitions carry whose batches,
+and what a broker's answer refused, are :mod:`proxy.core.produce`'s;
+the sending is the dispatcher's.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Mapping
 
 import trio
 
-from proxy.core.produce import ProducerPartition
+from proxy.core.layout import TopicPartition
+from proxy.core.produce import ProducerBatch, ProducerPartition
 
 from .pending import Pending
 
+# A failed turn is remembered this long (librdkafka's default message.timeout.ms, longer than the Java
+# client's delivery.timeout.ms): by then the client has sent those batches again, or given up on them.
+FAILED_KEPT_S = 300.0
+MAX_KEPT = 100_000  # failed turns beyond this are forgotten at once, oldest first
+
+# The partitions a broker's answer refused with an error the client retries; None: every partition.
+ReadSentAgain = Callable[[bytes | memoryview], set[TopicPartition] | None]
+
 
 class Turn:
-    """One sub-request's place in its partitions' order: the link it goes on, and its answer once sent."""
+    """One sub-request's place in its partitions' order: the link it goes on, its batches, and its answer."""
 
-    __slots__ = ("link", "pending", "settled")
+    __slots__ = ("link", "batches", "pending", "settled", "at", "_read_sent_again", "_read", "_sent_again", "_answer")
 
-    def __init__(self, link: object) -> None:
+    def __init__(self, link: object, batches: Mapping[ProducerPartition, ProducerBatch], read_sent_again: ReadSentAgain) -> None:
         self.link = link
+        self.batches = batches
         self.pending: Pending | None = None
         self.settled = trio.Event()  # sent (``pending`` set), or given up without being sent
+        self.at = trio.current_time()
+        self._read_sent_again = read_sent_again
+        self._read = False
+        self._sent_again: set[TopicPartition] | None = None  # once read; None: every partition
+        self._answer: bytes | memoryview | None = None  # kept when read: the pending answer is dropped once used
 
     def sent(self, pending: Pending | None) -> None:
         """Sent as ``pending`` (None: not sent); those after it now wait for its answer only."""
         self.pending = pending
         self.settled.set()
 
+    def landed(self, answer: bytes | memoryview) -> None:
+        """Its answer, as the request's owner reads it (before the pending answer is let go): what it refused
+        is read from it only if a later turn asks."""
+        self._answer = answer
+
     @property
     def over(self) -> bool:
-        """Whether nothing after it needs to wait for it any more."""
+        """Whether its outcome is known: not sent, or answered (or failed)."""
         return self.settled.is_set() and (self.pending is None or self.pending.is_done)
+
+    def sent_again(self, key: ProducerPartition) -> bool:
+        """Whether the client sends this turn's batch for ``key`` again: kfan did not send it, its broker failed,
+        or the broker refused it with an error the client retries (call once :attr:`over`)."""
+        if not self._read:
+            self._read = True
+            answer = self._answer
+            pending = self.pending
+            if answer is None and pending is not None and pending.is_done and pending.failure is None:
+                answer = pending.value()
+            self._sent_again = None if answer is None else self._read_sent_again(answer)
+            self._answer = None
+        return self._sent_again is None or key[1:] in self._sent_again
+
+    @property
+    def failed(self) -> bool:
+        return self.over and any(self.sent_again(k) for k in self.batches)
 
     async def wait(self) -> None:
         await self.settled.wait()
@@ -59,9 +108,13 @@ class Turn:
 
 
 class ProducerSequences:
-    """The latest sub-request per producer and partition. Entries whose turn is over are swept as the table
-    grows (at most twice what was left after the last sweep, and never less than :data:`SWEEP_FROM`), so what
-    it holds is bounded by the Produce requests in flight."""
+    """The latest turn per producer and partition.
+
+    Turns in progress are kept until replaced; a failed one (a batch the client sends again) for
+    :data:`FAILED_KEPT_S`, so that a later batch of that producer is held back until the client sends the
+    failed one again; the rest are swept as the table grows (at most twice what was left after the last
+    sweep, and never less than :data:`SWEEP_FROM`).
+    """
 
     SWEEP_FROM = 1024
 
@@ -69,35 +122,55 @@ class ProducerSequences:
         self._last: dict[ProducerPartition, Turn] = {}
         self._sweep_at = self.SWEEP_FROM
 
-    def take_turn(self, partitions: Iterable[ProducerPartition], link: object) -> tuple[Turn, list[Turn]]:
-        """A turn for a sub-request to go on ``link``, and the turns on other links it must wait for first.
+    def take_turn(
+        self, batches: Mapping[ProducerPartition, ProducerBatch], link: object, read_sent_again: ReadSentAgain
+    ) -> tuple[Turn, list[tuple[ProducerPartition, Turn]]]:
+        """A turn for a sub-request to go on ``link``, and the turns before it that decide whether it may go:
+        wait until each is :attr:`~Turn.over`, then ask :func:`out_of_order`.
 
         Call :meth:`Turn.sent` on it whatever happens next: until then, those after it wait.
         """
-        turn = Turn(link)
-        before: list[Turn] = []
+        turn = Turn(link, batches, read_sent_again)
+        before: list[tuple[ProducerPartition, Turn]] = []
         last = self._last
-        for key in partitions:
+        for key in batches:
             prior = last.get(key)
-            if prior is not None and prior.link is not link and not prior.over:
-                before.append(prior)
+            # One in flight on the same link: the broker reads this one after it, as a direct client's.
+            if prior is not None and not (prior.link is link and not prior.over):
+                before.append((key, prior))
             last[key] = turn
         if len(last) >= self._sweep_at:
             self._sweep()
         return turn, before
 
     def _sweep(self) -> None:
-        self._last = {k: t for k, t in self._last.items() if not t.over}
-        self._sweep_at = max(self.SWEEP_FROM, 2 * len(self._last))
+        now = trio.current_time()
+        kept = {k: t for k, t in self._last.items() if not t.over or (now - t.at < FAILED_KEPT_S and t.failed)}
+        if len(kept) > MAX_KEPT:
+            live = {k: t for k, t in kept.items() if not t.over}
+            failed = sorted(((k, t) for k, t in kept.items() if t.over), key=lambda kt: kt[1].at)
+            kept = {**live, **dict(failed[len(failed) - max(0, MAX_KEPT - len(live)) :])}
+        self._last = kept
+        self._sweep_at = max(self.SWEEP_FROM, 2 * len(kept))
 
     def __len__(self) -> int:
         return len(self._last)
 
 
-async def wait_for(turns: list[Turn], deadline: float) -> bool:
-    """Until every turn in ``turns`` is over; False when ``deadline`` (trio clock) came first."""
+async def wait_for(before: list[tuple[ProducerPartition, Turn]], deadline: float) -> bool:
+    """Until every turn in ``before`` is over; False when ``deadline`` (trio clock) came first."""
     with trio.move_on_at(deadline):
-        for turn in turns:
+        for _, turn in before:
             await turn.wait()
         return True
+    return False
+
+
+def out_of_order(turn: Turn, before: list[tuple[ProducerPartition, Turn]]) -> bool:
+    """Whether ``turn`` carries a later batch of a producer epoch whose earlier batch the client sends again."""
+    for key, prior in before:
+        epoch, sequence = turn.batches[key]
+        prior_epoch, prior_sequence = prior.batches[key]
+        if epoch == prior_epoch and sequence > prior_sequence and prior.sent_again(key):
+            return True
     return False

@@ -19,14 +19,27 @@ import pytest
 import trio
 import trio.testing
 
+from backends.cluster import Cluster
 from backends.pending import Pending
-from backends.sequences import ProducerSequences, Turn, wait_for
+from backends.sequences import FAILED_KEPT_S, ProducerSequences, Turn, out_of_order, wait_for
+from proxy.core.topology import Topology
 from proxy.kafka import apis, errors
 from proxy.kafka.records import record_batch
 from proxy.server.connection import ClientConnection, Limits
 from tests.support.memory_broker import BrokerRequest, MemoryBrokers
 from tests.support.messages import request_bytes
-from tests.test_connection import IDENTITY, PRODUCE_V, TEST_DEADLINE, TOPIC, Client, answer_produce, by_partition, make_cluster
+from tests.test_connection import (
+    BROKERS,
+    IDENTITY,
+    LEADERS,
+    PRODUCE_V,
+    TEST_DEADLINE,
+    TOPIC,
+    Client,
+    answer_produce,
+    by_partition,
+    make_cluster,
+)
 
 PID = 4711
 
@@ -47,6 +60,11 @@ def produce(cid: int, batches: dict[int, tuple[int, int]]) -> bytes:
     return request_bytes(apis.PRODUCE, PRODUCE_V, {"transactional_id": None, "acks": -1, "timeout": 5000, "topic_data": data}, cid)
 
 
+def produce_epoch(cid: int, pid: int, epoch: int, sequence: int) -> bytes:
+    data = [{"name": TOPIC, "partition_data": [{"index": 0, "records": record_batch([b"v"], producer=(pid, epoch, sequence))}]}]
+    return request_bytes(apis.PRODUCE, PRODUCE_V, {"transactional_id": None, "acks": -1, "timeout": 5000, "topic_data": data}, cid)
+
+
 def base_sequences(req: BrokerRequest) -> dict[int, int]:
     out = {}
     for t in req.body["topic_data"]:
@@ -56,7 +74,7 @@ def base_sequences(req: BrokerRequest) -> dict[int, int]:
 
 
 @asynccontextmanager
-async def two_clients() -> AsyncIterator[tuple[Client, Client, MemoryBrokers]]:
+async def two_clients() -> AsyncIterator[tuple[Client, Client, MemoryBrokers, Cluster]]:
     """Two client connections of one kfan process (one cluster view, one set of brokers)."""
     with trio.fail_after(TEST_DEADLINE):
         async with trio.open_nursery() as nursery:
@@ -67,7 +85,7 @@ async def two_clients() -> AsyncIterator[tuple[Client, Client, MemoryBrokers]]:
                 ours, theirs = trio.testing.memory_stream_pair()
                 nursery.start_soon(ClientConnection(theirs, cluster, IDENTITY, Limits(), connect_broker=brokers.connect).run)
                 clients.append(Client(ours))
-            yield clients[0], clients[1], brokers
+            yield clients[0], clients[1], brokers, cluster
             nursery.cancel_scope.cancel()
 
 
@@ -78,7 +96,7 @@ async def produced(client: Client, cid: int) -> dict[int, int]:
 
 
 async def test_a_later_batch_on_another_connection_waits_for_the_earlier_answer(autojump_clock: trio.testing.MockClock) -> None:
-    async with two_clients() as (a, b, brokers):
+    async with two_clients() as (a, b, brokers, _):
         await a.send(produce(1, {0: (PID, 0)}))  # partition 0: broker 1
         first = await brokers.next(1)
         await b.send(produce(2, {0: (PID, 1)}))
@@ -93,7 +111,7 @@ async def test_a_later_batch_on_another_connection_waits_for_the_earlier_answer(
 
 
 async def test_other_producers_partitions_and_the_same_connection_do_not_wait(autojump_clock: trio.testing.MockClock) -> None:
-    async with two_clients() as (a, b, brokers):
+    async with two_clients() as (a, b, brokers, _):
         await a.send(produce(1, {0: (PID, 0)}))
         first = await brokers.next(1)
         await a.send(produce(2, {0: (PID, 1)}))  # the same link: the broker keeps this order itself
@@ -110,7 +128,7 @@ async def test_other_producers_partitions_and_the_same_connection_do_not_wait(au
 
 
 async def test_a_split_produce_waits_only_where_its_producer_has_a_batch_out(autojump_clock: trio.testing.MockClock) -> None:
-    async with two_clients() as (a, b, brokers):
+    async with two_clients() as (a, b, brokers, _):
         await a.send(produce(1, {0: (PID, 0)}))  # broker 1
         first = await brokers.next(1)
         await b.send(produce(2, {1: (PID, 0), 0: (PID, 1)}))  # partition 1 to broker 2 (free), partition 0 to broker 1 (waits)
@@ -126,7 +144,7 @@ async def test_a_split_produce_waits_only_where_its_producer_has_a_batch_out(aut
 
 
 async def test_a_batch_held_past_its_deadline_is_retriable_and_never_sent(autojump_clock: trio.testing.MockClock) -> None:
-    async with two_clients() as (a, b, brokers):
+    async with two_clients() as (a, b, brokers, _):
         await a.send(produce(1, {0: (PID, 0)}))
         first = await brokers.next(1)  # never answered
         await b.send(produce(2, {0: (PID, 1)}))
@@ -135,36 +153,127 @@ async def test_a_batch_held_past_its_deadline_is_retriable_and_never_sent(autoju
         assert not first.answered
 
 
+async def answer_refused(req: BrokerRequest, code: int) -> None:
+    parts = [{"index": p, "error_code": code, "base_offset": -1, "record_errors": [], "error_message": None} for p in base_sequences(req)]
+    await req.answer({"responses": [{"name": TOPIC, "partition_responses": parts}], "throttle_time": 0})
+
+
+async def test_a_later_batch_is_not_sent_when_the_earlier_was_not_written(autojump_clock: trio.testing.MockClock) -> None:
+    async with two_clients() as (a, b, brokers, _):
+        await a.send(produce(1, {0: (PID, 0)}))
+        first = await brokers.next(1)
+        await b.send(produce(2, {0: (PID, 1)}))
+        await trio.sleep(1.0)
+        await answer_refused(first, errors.NOT_LEADER_OR_FOLLOWER)
+        assert await produced(a, 1) == {0: errors.NOT_LEADER_OR_FOLLOWER}
+        assert await produced(b, 2) == {0: errors.NOT_LEADER_OR_FOLLOWER}, "written first, it would fail the earlier batch for good"
+        assert brokers.count(1, apis.PRODUCE) == 1
+        await b.send(produce(3, {0: (PID, 2)}))  # later still: held back too, the earlier is not yet written
+        assert await produced(b, 3) == {0: errors.NOT_LEADER_OR_FOLLOWER}
+        await a.send(produce(4, {0: (PID, 0)}))  # the client sends them again, in order
+        again = await brokers.next(1)
+        assert base_sequences(again) == {0: 0}
+        await b.send(produce(5, {0: (PID, 1)}))
+        await trio.sleep(1.0)
+        assert brokers.count(1, apis.PRODUCE) == 2
+        await answer_produce(again, 0)
+        await answer_produce(await brokers.next(1), 1)
+        assert await produced(a, 4) == {0: errors.NONE}
+        assert await produced(b, 5) == {0: errors.NONE}
+        await b.send(produce(6, {0: (PID + 1, 5)}))  # another producer: never held back by this one's
+        await answer_produce(await brokers.next(1), 2)
+        assert await produced(b, 6) == {0: errors.NONE}
+
+
+async def test_a_batch_refused_for_good_does_not_hold_back_the_next(autojump_clock: trio.testing.MockClock) -> None:
+    """The client does not send a batch refused with an error it does not retry: the next goes on, as to a broker."""
+    async with two_clients() as (a, b, brokers, _):
+        await a.send(produce(1, {0: (PID, 0)}))
+        await answer_refused(await brokers.next(1), errors.INVALID_RECORD)
+        assert await produced(a, 1) == {0: errors.INVALID_RECORD}
+        await b.send(produce(2, {0: (PID, 1)}))
+        await answer_produce(await brokers.next(1), 0)
+        assert await produced(b, 2) == {0: errors.NONE}
+
+
+async def test_a_new_producer_epoch_starts_afresh(autojump_clock: trio.testing.MockClock) -> None:
+    async with two_clients() as (a, b, brokers, _):
+        await a.send(produce(1, {0: (PID, 7)}))
+        await answer_refused(await brokers.next(1), errors.NOT_LEADER_OR_FOLLOWER)
+        assert await produced(a, 1) == {0: errors.NOT_LEADER_OR_FOLLOWER}
+        await b.send(produce_epoch(2, PID, epoch=1, sequence=0))  # the producer bumped its epoch (KIP-360): sequences restart
+        await answer_produce(await brokers.next(1), 0)
+        assert await produced(b, 2) == {0: errors.NONE}
+
+
+async def test_one_connection_whose_partition_moved_keeps_its_order(autojump_clock: trio.testing.MockClock) -> None:
+    """kfan's view of the leader changes between two requests of one connection: the earlier went to the old leader."""
+    async with two_clients() as (a, _, brokers, cluster):
+        await a.send(produce(1, {0: (PID, 0)}))
+        first = await brokers.next(1)
+        cluster.topology = Topology(brokers=BROKERS, leaders={TOPIC: {**LEADERS[TOPIC], 0: 2}}, cluster_id="test-cluster", controller_id=1)
+        await a.send(produce(2, {0: (PID, 1)}))
+        await trio.sleep(1.0)
+        assert brokers.count(2, apis.PRODUCE) == 0, "sent to the new leader before the old one answered the earlier batch"
+        await answer_refused(first, errors.NOT_LEADER_OR_FOLLOWER)
+        assert await produced(a, 1) == {0: errors.NOT_LEADER_OR_FOLLOWER}
+        assert await produced(a, 2) == {0: errors.NOT_LEADER_OR_FOLLOWER}
+        assert brokers.count(2, apis.PRODUCE) == 0
+
+
+async def test_after_one_held_past_its_deadline_the_next_on_that_link_is_not_sent(autojump_clock: trio.testing.MockClock) -> None:
+    async with two_clients() as (a, b, brokers, _):
+        await a.send(produce(1, {0: (PID, 0)}))
+        await brokers.next(1)  # never answered
+        await b.send(produce(2, {0: (PID, 1)}))
+        assert await produced(b, 2) == {0: errors.NOT_LEADER_OR_FOLLOWER}
+        await b.send(produce(3, {0: (PID, 2)}))  # b's link: its own earlier batch was never sent
+        assert await produced(b, 3) == {0: errors.NOT_LEADER_OR_FOLLOWER}
+        assert brokers.count(1, apis.PRODUCE) == 1
+
+
 # --- the bookkeeping alone ---------------------------------------------------------------------
+
+
+def never_written(_: bytes | memoryview) -> set[tuple[str, int]] | None:
+    return {(TOPIC, 0)}
+
+
+def all_written(_: bytes | memoryview) -> set[tuple[str, int]] | None:
+    return set()
 
 
 async def test_turns_wait_for_other_links_until_answered(autojump_clock: trio.testing.MockClock) -> None:
     seqs = ProducerSequences()
     link_a, link_b = object(), object()
     key = (PID, TOPIC, 0)
-    first, before = seqs.take_turn([key], link_a)
+    first, before = seqs.take_turn({key: (0, 0)}, link_a, all_written)
     assert before == []
-    same, before = seqs.take_turn([key], link_a)
-    assert before == [], "the same link keeps its own order"
-    other, before = seqs.take_turn([key], link_b)
-    assert before == [same], "the latest turn is the one to wait for"
+    pending_first = Pending()
+    first.sent(pending_first)
+    same, before = seqs.take_turn({key: (0, 1)}, link_a, all_written)
+    assert before == [], "in flight on the same link: the broker keeps that order"
     pending = Pending()
-    first.sent(Pending())
     same.sent(pending)
-    assert not await wait_for(before, trio.current_time() + 1.0), "answered before its answer came"
+    other, before = seqs.take_turn({key: (0, 2)}, link_b, all_written)
+    assert before == [(key, same)], "the latest turn is the one to wait for"
+    assert not await wait_for(before, trio.current_time() + 1.0), "over before its answer came"
     pending.set(b"answer")
     assert await wait_for(before, trio.current_time() + 1.0)
+    assert not out_of_order(other, before), "the earlier batch was written"
     other.sent(None)
-    _, before = seqs.take_turn([key], link_a)
-    assert before == [], "a turn given up without being sent holds nobody"
+    later, before = seqs.take_turn({key: (0, 3)}, link_a, all_written)
+    assert out_of_order(later, before), "the turn before was never sent"
+    retried, before = seqs.take_turn({key: (0, 2)}, link_a, all_written)
+    assert not out_of_order(retried, before), "an earlier sequence again: the client's retry"
 
 
 async def test_a_turn_not_yet_sent_is_waited_for() -> None:
     seqs = ProducerSequences()
     key = (PID, TOPIC, 0)
-    waiting, _ = seqs.take_turn([key], object())
-    _, before = seqs.take_turn([key], object())
-    assert before == [waiting]
+    waiting, _ = seqs.take_turn({key: (0, 0)}, object(), all_written)
+    _, before = seqs.take_turn({key: (0, 1)}, object(), all_written)
+    assert before == [(key, waiting)]
     done = trio.Event()
 
     async def waiter() -> None:
@@ -179,15 +288,31 @@ async def test_a_turn_not_yet_sent_is_waited_for() -> None:
         await done.wait()
 
 
-def test_the_table_keeps_only_turns_not_over() -> None:
+async def test_the_table_keeps_turns_in_progress_and_recent_failures(autojump_clock: trio.testing.MockClock) -> None:
     seqs = ProducerSequences()
     link = object()
     live: list[Turn] = []
+    failed: list[Turn] = []
     for n in range(10 * ProducerSequences.SWEEP_FROM):
-        turn, _ = seqs.take_turn([(n, TOPIC, 0)], link)
+        turn, _ = seqs.take_turn({(n, TOPIC, 0): (0, 0)}, link, all_written if n % 3 else never_written)
         if n % 100 == 0:
-            live.append(turn)  # never sent: kept
-        else:
-            turn.sent(None)
-        assert len(seqs) <= max(ProducerSequences.SWEEP_FROM, 2 * len(live)), f"{len(seqs)} entries after {n + 1} turns"
-    assert len(seqs) >= len(live)
+            live.append(turn)  # never settled: kept
+            continue
+        answered = Pending()
+        answered.set(b"answer")
+        turn.sent(answered)
+        if n % 3 == 0:
+            failed.append(turn)
+        assert len(seqs) <= max(ProducerSequences.SWEEP_FROM, 2 * (len(live) + len(failed))), f"{len(seqs)} entries after {n + 1} turns"
+    assert len(seqs) >= len(live) + len(failed), "a turn in progress or a recent failure was forgotten"
+    await trio.sleep(FAILED_KEPT_S + 1)
+    size = len(seqs)
+    for n in range(2 * size):
+        turn, _ = seqs.take_turn({(-n - 1, TOPIC, 0): (0, 0)}, link, all_written)
+        answered = Pending()
+        answered.set(b"answer")
+        turn.sent(answered)
+        if len(seqs) < size + n + 1:
+            break  # swept
+    # Kept: the turns in progress, and the one taken as the sweep ran (not yet sent then).
+    assert len(seqs) == len(live) + 1, "a sweep after the failures' time kept more than the turns in progress"

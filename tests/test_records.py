@@ -196,21 +196,21 @@ def _invalid_batches(kfan: Kfan) -> dict[str, float]:
     compression=st.sampled_from([0, 1]),
     producer=st.tuples(st.integers(0, 2**63 - 1), st.integers(0, 2**15 - 1), st.integers(0, 2**31 - 1)),
 )
-def test_the_producer_id_is_read_from_the_first_batch(
+def test_the_producer_is_read_from_the_first_batch(
     records: list[tuple[bytes | None, bytes | None, int]], compression: int, producer: tuple[int, int, int]
 ) -> None:
     batch = v2_batch(records, compression, producer)
-    assert kafka_records.producer_id(batch) == producer[0]
-    assert kafka_records.producer_id(batch + v2_batch(records, 0)) == producer[0], "one producer's batches per partition: the first says"
-    assert kafka_records.producer_id(v2_batch(records, compression)) == -1, "no producer"
-    assert kafka_records.producer_id(batch[:60]) == -1, "shorter than a batch header"
-    assert kafka_records.producer_id(None) == -1
+    assert kafka_records.producer(batch) == producer
+    assert kafka_records.producer(batch + v2_batch(records, 0)) == producer, "one producer's batches per partition: the first says"
+    assert kafka_records.producer(v2_batch(records, compression)) == kafka_records.NO_PRODUCER
+    assert kafka_records.producer(batch[:60]) == kafka_records.NO_PRODUCER, "shorter than a batch header"
+    assert kafka_records.producer(None) == kafka_records.NO_PRODUCER
     built = kafka_records.record_batch([b"v"], producer=producer)
     read = DefaultRecordBatch(built)
     assert read.validate_crc() and (read.producer_id, read.producer_epoch, read.base_sequence) == producer
-    assert kafka_records.producer_id(built) == producer[0]
+    assert kafka_records.producer(built) == producer
 
 
-def test_a_message_set_has_no_producer_id() -> None:
+def test_a_message_set_has_no_producer() -> None:
     for magic in (0, 1):
-        assert kafka_records.producer_id(legacy_set([(None, b"x" * 80, 0)], magic)) == -1
+        assert kafka_records.producer(legacy_set([(None, b"x" * 80, 0)], magic)) == kafka_records.NO_PRODUCER

@@ -18,9 +18,11 @@ from typing import Any
 
 from ..kafka import errors
 from ..kafka.headers import RequestHeader
-from ..kafka.records import Invalid, check_records, producer_id
+from ..kafka.records import Invalid, check_records, producer
 from ..kafka.schema import Struct
+from ..kafka.wire import Malformed
 from . import leader
+from .answers import decode_answer
 from .layout import Layout, TopicKey, TopicPartition
 from .plan import BrokerFailure, Context, LeaderSplit, Plan, Route
 
@@ -30,8 +32,10 @@ from .plan import BrokerFailure, Context, LeaderSplit, Plan, Route
 # that never left kfan NOT_LEADER_OR_FOLLOWER ("not written": refresh, retry).
 FAILURE = BrokerFailure(written=errors.REQUEST_TIMED_OUT, unwritten=errors.NOT_LEADER_OR_FOLLOWER)
 
-# One producer's batches for one partition, which a broker must read in the producer's sequence order.
+# One producer's batches for one partition, which a broker must read in the producer's sequence order,
+# and what orders them: the producer epoch and the first batch's base sequence.
 ProducerPartition = tuple[int, TopicKey, int]  # producer id, topic, partition
+ProducerBatch = tuple[int, int]  # producer epoch, base sequence
 
 
 def plan(route: Route[Any], ctx: Context, hdr: RequestHeader, payload: memoryview, request: Struct) -> Plan:
@@ -51,17 +55,43 @@ def invalid_records(request: Struct, request_layout: Layout) -> dict[TopicPartit
     return out
 
 
-def sequenced(split: LeaderSplit) -> dict[int, list[ProducerPartition]]:
+def sequenced(split: LeaderSplit) -> dict[int, dict[ProducerPartition, ProducerBatch]]:
     """Per broker, the partitions a Produce sends it with an idempotent or transactional producer's batches.
 
     A broker orders one connection's requests only, and accepts any sequence number as a producer's first on a
-    partition: kfan keeps these in the order it read them, whichever client connection they came on
+    partition: kfan keeps these in the order it read them, whichever link they go on
     (:mod:`backends.sequences`).
     """
-    out: dict[int, list[ProducerPartition]] = {}
+    out: dict[int, dict[ProducerPartition, ProducerBatch]] = {}
     layout = split.request_layout
     for broker, sub in split.by_leader.items():
-        found = [(pid, topic, layout.partition_index(p)) for topic, p in layout.entries(sub) if (pid := producer_id(p["records"])) >= 0]
+        found: dict[ProducerPartition, ProducerBatch] = {}
+        for topic, p in layout.entries(sub):
+            pid, epoch, sequence = producer(p["records"])
+            if pid >= 0:
+                found[(pid, topic, layout.partition_index(p))] = (epoch, sequence)
         if found:
             out[broker] = found
     return out
+
+
+# A partition answered with one of these was not written (or may not have been), and Kafka's clients send its
+# batch again (their retriable errors for Produce): a later batch of its producer must not be written before.
+SENT_AGAIN = errors.LEADERSHIP | {
+    errors.CORRUPT_MESSAGE,
+    errors.REQUEST_TIMED_OUT,
+    errors.NETWORK_EXCEPTION,
+    errors.NOT_ENOUGH_REPLICAS,
+    errors.OUT_OF_ORDER_SEQUENCE_NUMBER,
+    errors.KAFKA_STORAGE_ERROR,
+}
+
+
+def sent_again(hdr: RequestHeader, response_layout: Layout, payload: bytes | memoryview) -> set[TopicPartition] | None:
+    """The partitions a broker's Produce answer refused with an error the client retries (:data:`SENT_AGAIN`);
+    None when it does not decode (kfan tells the client its broker failed: every partition is sent again)."""
+    try:
+        body = decode_answer(hdr, payload)
+    except Malformed:
+        return None
+    return {(t, response_layout.partition_index(p)) for t, p in response_layout.entries(body) if p["error_code"] in SENT_AGAIN}

@@ -63,16 +63,19 @@ def first_batch_transactional(data: bytes | memoryview | None) -> bool:
     return bool(attributes & _TRANSACTIONAL)
 
 
-_PRODUCER_ID = struct.Struct(">q")
-_PRODUCER_ID_AT = 43
+_PRODUCER = struct.Struct(">qhi")  # producerId, producerEpoch, baseSequence
+_PRODUCER_AT = 43
+NO_PRODUCER = (-1, -1, -1)
 
 
-def producer_id(data: bytes | memoryview | None) -> int:
-    """The producer id of the first record batch of ``data`` (every batch of a Produce partition carries one
-    producer's), -1 when it has none: no idempotent or transactional producer, or a message set (magic 0, 1)."""
+def producer(data: bytes | memoryview | None) -> tuple[int, int, int]:
+    """The producer id, epoch and base sequence of the first record batch of ``data`` (a Produce partition's
+    batches are one producer's), :data:`NO_PRODUCER` when it has none: no idempotent or transactional
+    producer, or a message set (magic 0, 1)."""
     if data is None or len(data) < _BATCH_HEAD or data[_MAGIC_AT] < 2:
-        return -1
-    return int(_PRODUCER_ID.unpack_from(data, _PRODUCER_ID_AT)[0])
+        return NO_PRODUCER
+    found: tuple[int, int, int] = _PRODUCER.unpack_from(data, _PRODUCER_AT)
+    return found
 
 
 def check_records(data: bytes | memoryview | None, *, partial_tail: bool = False) -> Invalid | None:

@@ -26,10 +26,10 @@ from backends.flights import FlightKey
 from backends.link import Link, LinkClosed, LinkError, Pending
 from backends.links import Lane, LinkPool
 from backends.sasl import AuthenticationFailed
-from backends.sequences import wait_for
+from backends.sequences import Turn, out_of_order, wait_for
 from proxy.core import ANY_BROKER, BrokerAnswer, Destination, Failed, FetchForward, Forward, Response, SubRequest, produce
 from proxy.core.fetch_wait import FetchWait
-from proxy.core.produce import ProducerPartition
+from proxy.core.produce import ProducerBatch, ProducerPartition
 from proxy.kafka import apis, errors
 from proxy.runtime import metrics
 from proxy.server.fetches import Fetches
@@ -60,6 +60,7 @@ class Dispatcher:
         self.max_hold = max_hold
         self.client = client  # the connection's id, for the log
         self.client_identity = client_identity
+        self._turns: dict[Pending, Turn] = {}  # Produce sub-requests in their producers' order, until answered
 
     def broker_wait(self, plan: Forward) -> float:
         """Seconds the request lets a broker take, by its own fields, capped by ``max_hold``."""
@@ -69,7 +70,7 @@ class Dispatcher:
         """Send every sub-request now, in order; coordinators are resolved first."""
         out: Handles = {}
         fresh: list[tuple[Destination, int]] = []  # sub-fetches to send, once there is room for their answers
-        sequenced: dict[int, list[ProducerPartition]] | None = None  # a Produce's idempotent batches, per broker
+        sequenced: dict[int, dict[ProducerPartition, ProducerBatch]] | None = None  # a Produce's idempotent batches, per broker
         for destination, sub in plan.subs.items():
             broker = await self.links.resolve(destination)
             if broker is None:
@@ -136,16 +137,24 @@ class Dispatcher:
         shared = None if flight is None else self.cluster.flights.join(flight)
         return {ANY_BROKER: shared if shared is not None else self._send(link, plan.subs[ANY_BROKER], flight)}
 
-    async def _send_in_turn(self, plan: Forward, link: Link, sub: SubRequest, partitions: list[ProducerPartition]) -> Pending | Failed:
-        """An idempotent producer's batches, sent once those read before them on other links are answered
-        (:mod:`backends.sequences`); not sent, and retriable, when that takes past the request's deadline."""
-        turn, before = self.cluster.sequences.take_turn(partitions, link)
+    async def _send_in_turn(
+        self, plan: Forward, link: Link, sub: SubRequest, batches: dict[ProducerPartition, ProducerBatch]
+    ) -> Pending | Failed:
+        """An idempotent producer's batches, sent once those read before them on other links are answered, and
+        not sent (retriable) when the client sends one of those again, or when that takes past the request's deadline
+        (:mod:`backends.sequences`)."""
+        read_sent_again = functools.partial(produce.sent_again, plan.header, plan.state.response_layout)
+        turn, before = self.cluster.sequences.take_turn(batches, link, read_sent_again)
         pending: Pending | None = None
         try:
             if before and not await wait_for(before, self.deadline(plan, trio.current_time())):
-                log.info("client %s: a Produce waited past its deadline for the same producer's batches on another connection", self.client)
+                log.info("client %s: a Produce waited past its deadline for its producer's earlier batches", self.client)
+                return Failed(plan.route.failure.code(written=False))
+            if before and out_of_order(turn, before):
+                log.info("client %s: a Produce not sent: its producer sends an earlier batch for a partition again", self.client)
                 return Failed(plan.route.failure.code(written=False))
             pending = self._send(link, sub, None)
+            self._turns[pending] = turn
             return pending
         finally:
             turn.sent(pending)
@@ -187,6 +196,7 @@ class Dispatcher:
         # Its link fails only once the closing below is done: until then it must not be
         # joined, by this request asked again of another broker or by anyone else's.
         self.cluster.flights.landed(pending)
+        self._turns.pop(pending, None)
         self.links.close(pending.broker, _lane(plan))
         return Failed(errors.REQUEST_TIMED_OUT)
 
@@ -196,6 +206,7 @@ class Dispatcher:
 
     def answer_of(self, plan: Forward, submitted_at: float, destination: Destination, pending: Pending) -> BrokerAnswer:
         """One broker's answer, once it is in; a link's failure as the code the client is told."""
+        turn = self._turns.pop(pending, None) if self._turns else None
         try:
             payload = pending.value()
         except LinkClosed:
@@ -211,6 +222,8 @@ class Dispatcher:
             self.cluster.request_refresh()
             return Failed(plan.route.failure.code(pending.written))
         self.cluster.flights.landed(pending)
+        if turn is not None:
+            turn.landed(payload)
         if pending.done_at is not None and pending.created_at >= submitted_at:
             latency = pending.done_at - pending.created_at
             metrics.observe(metrics.BROKER_LATENCY, (pending.broker, plan.header.api_key), latency)

@@ -8,7 +8,9 @@ truncated one, one carrying unknown tagged fields where Kafka allows them
 entries duplicated, dropped or foreign, extreme integers), one of another
 version, nothing but a header, a failure (:class:`proxy.core.Failed` with an
 error code) or, for a Fetch, :data:`proxy.core.NOT_YET` (a sub-fetch not
-answered yet). The answers go through ``plan.merge`` (a Fetch's with the
+answered yet). A Produce's answers are also read for what kfan
+keeps of its producers' order (:func:`proxy.core.produce.sequenced`,
+:func:`proxy.core.produce.sent_again`). The answers go through ``plan.merge`` (a Fetch's with the
 watermarks its connection remembers in its context) and, for Fetch,
 :func:`tests.support.core_inputs.satisfied` (Fetch's waiting policy) and
 :func:`proxy.core.fetch.answer_watermarks`. A leader-split answer that one
@@ -20,7 +22,7 @@ must survive its JSON form (captures).
 
 Contracts: merges raise only :class:`proxy.core.BrokerUnavailable` (the
 client connection closes); ``satisfied``, ``answer_watermarks`` and
-``Topology.with_metadata`` raise nothing. Answers that are valid (unknown
+``Topology.with_metadata``, ``sequenced`` and ``sent_again`` raise nothing. Answers that are valid (unknown
 tags included) or failures merge into a response that decodes.
 
 The control plane's decoders (``backends.control.read_api_versions`` and
@@ -51,6 +53,7 @@ from proxy.core import (
     Response,
     Unsupported,
     Watermarks,
+    produce,
 )
 from proxy.core.fetch import answer_watermarks
 from proxy.core.layout import TopicPartition
@@ -81,6 +84,7 @@ MERGE = "merge"
 SATISFIED = "fetch_satisfied"
 MARKS = "answer_watermarks"
 FOLD = "fold_metadata"
+SEQUENCES = "produce_sequences"
 CONTROL = "control_plane"
 MERGE_ALLOWED: tuple[type[BaseException], ...] = (BrokerUnavailable,)
 
@@ -129,6 +133,15 @@ def fold(metadata: Mapping[str, Any]) -> None:
         again = Topology.from_json(topology.to_json())
         if again != topology:
             raise Broken(f"topology does not survive its JSON form: {topology} != {again}")
+
+
+def produce_orders(plan: Forward, answers: Mapping[Destination, BrokerAnswer]) -> None:
+    """What kfan reads to keep an idempotent producer's batches in order (:mod:`backends.sequences`): the
+    producers' batches per broker, and what each broker's answer refused."""
+    produce.sequenced(plan.state)
+    for answer in answers.values():
+        if isinstance(answer, Response):
+            produce.sent_again(plan.header, plan.state.response_layout, answer.payload)
 
 
 def check_response(plan: Forward, reply: Reply) -> None:
@@ -243,6 +256,9 @@ def run_case(rng: random.Random, corpus: list[bytes], tally: Tally, index: int, 
             tally.count(FOLD)
             metadata = effect.metadata
             check(tally, FOLD, index, reproducer, (), lambda m=metadata: fold(m), **limits)  # type: ignore[misc, arg-type]
+    if hdr.api_key == apis.PRODUCE:
+        tally.count(SEQUENCES, len(answers))
+        check(tally, SEQUENCES, index, reproducer, (), lambda: produce_orders(plan, answers), **limits)  # type: ignore[arg-type]
     if isinstance(plan, FetchForward):
         fetch = plan
         tally.count(SATISFIED, 1 + len(answers))
