@@ -44,10 +44,11 @@ from proxy.core.produce import ProducerBatch, ProducerPartition
 
 from .pending import Pending
 
-# A failed turn is remembered this long (librdkafka's default message.timeout.ms, longer than the Java
-# client's delivery.timeout.ms): by then the client has sent those batches again, or given up on them.
-FAILED_KEPT_S = 300.0
-MAX_KEPT = 100_000  # failed turns beyond this are forgotten at once, oldest first
+# A turn over is remembered this long after it was taken: a client sends a refused batch again within its retry
+# backoff (Kafka's clients: at most 1 s by default) once it has the partition's leader, so a later batch that
+# comes in the meantime finds it. Reading the answers is left to the turns that need it: none are read to sweep.
+KEPT_S = 60.0
+MAX_KEPT = 20_000  # turns over beyond this are forgotten at once, oldest first
 
 # The partitions a broker's answer refused with an error the client retries; None: every partition.
 ReadSentAgain = Callable[[bytes | memoryview], set[TopicPartition] | None]
@@ -77,7 +78,13 @@ class Turn:
     def landed(self, answer: bytes | memoryview) -> None:
         """Its answer, as the request's owner reads it (before the pending answer is let go): what it refused
         is read from it only if a later turn asks."""
-        self._answer = answer
+        if not self._read:
+            self._answer = answer
+
+    @property
+    def unsent(self) -> bool:
+        """Whether it was given up without being sent."""
+        return self.pending is None and self.settled.is_set()
 
     @property
     def over(self) -> bool:
@@ -97,10 +104,6 @@ class Turn:
             self._answer = None
         return self._sent_again is None or key[1:] in self._sent_again
 
-    @property
-    def failed(self) -> bool:
-        return self.over and any(self.sent_again(k) for k in self.batches)
-
     async def wait(self) -> None:
         await self.settled.wait()
         if self.pending is not None:
@@ -108,13 +111,9 @@ class Turn:
 
 
 class ProducerSequences:
-    """The latest turn per producer and partition.
-
-    Turns in progress are kept until replaced; a failed one (a batch the client sends again) for
-    :data:`FAILED_KEPT_S`, so that a later batch of that producer is held back until the client sends the
-    failed one again; the rest are swept as the table grows (at most twice what was left after the last
-    sweep, and never less than :data:`SWEEP_FROM`).
-    """
+    """The latest turn per producer and partition: kept while in progress, and for :data:`KEPT_S` after it was
+    taken, up to :data:`MAX_KEPT`; the rest are swept as the table grows (at most twice what was left after the
+    last sweep, and never less than :data:`SWEEP_FROM`)."""
 
     SWEEP_FROM = 1024
 
@@ -135,8 +134,9 @@ class ProducerSequences:
         last = self._last
         for key in batches:
             prior = last.get(key)
-            # One in flight on the same link: the broker reads this one after it, as a direct client's.
-            if prior is not None and not (prior.link is link and not prior.over):
+            if prior is not None and (prior.link is not link or prior.unsent):
+                # On the same link the broker reads this one after it, and refuses it as it refused that one,
+                # as a direct client's: only one kfan did not send matters there (no answer is read, no wait).
                 before.append((key, prior))
             last[key] = turn
         if len(last) >= self._sweep_at:
@@ -145,11 +145,11 @@ class ProducerSequences:
 
     def _sweep(self) -> None:
         now = trio.current_time()
-        kept = {k: t for k, t in self._last.items() if not t.over or (now - t.at < FAILED_KEPT_S and t.failed)}
+        kept = {k: t for k, t in self._last.items() if not t.over or now - t.at < KEPT_S}
         if len(kept) > MAX_KEPT:
             live = {k: t for k, t in kept.items() if not t.over}
-            failed = sorted(((k, t) for k, t in kept.items() if t.over), key=lambda kt: kt[1].at)
-            kept = {**live, **dict(failed[len(failed) - max(0, MAX_KEPT - len(live)) :])}
+            over = sorted(((k, t) for k, t in kept.items() if t.over), key=lambda kt: kt[1].at)
+            kept = {**live, **dict(over[len(over) - max(0, MAX_KEPT - len(live)) :])}
         self._last = kept
         self._sweep_at = max(self.SWEEP_FROM, 2 * len(kept))
 
@@ -159,6 +159,8 @@ class ProducerSequences:
 
 async def wait_for(before: list[tuple[ProducerPartition, Turn]], deadline: float) -> bool:
     """Until every turn in ``before`` is over; False when ``deadline`` (trio clock) came first."""
+    if all(turn.over for _, turn in before):
+        return True  # the usual case: no pass of the scheduler for it
     with trio.move_on_at(deadline):
         for _, turn in before:
             await turn.wait()

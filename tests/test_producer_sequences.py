@@ -19,9 +19,10 @@ import pytest
 import trio
 import trio.testing
 
+from backends import sequences
 from backends.cluster import Cluster
 from backends.pending import Pending
-from backends.sequences import FAILED_KEPT_S, ProducerSequences, Turn, out_of_order, wait_for
+from backends.sequences import KEPT_S, ProducerSequences, Turn, out_of_order, wait_for
 from proxy.core.topology import Topology
 from proxy.kafka import apis, errors
 from proxy.kafka.records import record_batch
@@ -264,8 +265,15 @@ async def test_turns_wait_for_other_links_until_answered(autojump_clock: trio.te
     other.sent(None)
     later, before = seqs.take_turn({key: (0, 3)}, link_a, all_written)
     assert out_of_order(later, before), "the turn before was never sent"
+    later.sent(None)
     retried, before = seqs.take_turn({key: (0, 2)}, link_a, all_written)
+    assert before == [(key, later)], "kfan did not send the one before on this link"
     assert not out_of_order(retried, before), "an earlier sequence again: the client's retry"
+    refused = Pending()
+    refused.set(b"refused")
+    retried.sent(refused)
+    _, before = seqs.take_turn({key: (0, 3)}, link_a, never_written)
+    assert before == [], "on the same link the broker refuses the later batch itself: no answer is read"
 
 
 async def test_a_turn_not_yet_sent_is_waited_for() -> None:
@@ -288,31 +296,40 @@ async def test_a_turn_not_yet_sent_is_waited_for() -> None:
         await done.wait()
 
 
-async def test_the_table_keeps_turns_in_progress_and_recent_failures(autojump_clock: trio.testing.MockClock) -> None:
+def answered_turn(seqs: ProducerSequences, key: tuple[int, str, int], link: object) -> Turn:
+    turn, _ = seqs.take_turn({key: (0, 0)}, link, all_written)
+    answered = Pending()
+    answered.set(b"answer")
+    turn.sent(answered)
+    return turn
+
+
+async def test_the_table_keeps_turns_in_progress_and_recent_ones(autojump_clock: trio.testing.MockClock) -> None:
     seqs = ProducerSequences()
     link = object()
     live: list[Turn] = []
-    failed: list[Turn] = []
-    for n in range(10 * ProducerSequences.SWEEP_FROM):
-        turn, _ = seqs.take_turn({(n, TOPIC, 0): (0, 0)}, link, all_written if n % 3 else never_written)
+    for n in range(3 * ProducerSequences.SWEEP_FROM):
         if n % 100 == 0:
-            live.append(turn)  # never settled: kept
-            continue
-        answered = Pending()
-        answered.set(b"answer")
-        turn.sent(answered)
-        if n % 3 == 0:
-            failed.append(turn)
-        assert len(seqs) <= max(ProducerSequences.SWEEP_FROM, 2 * (len(live) + len(failed))), f"{len(seqs)} entries after {n + 1} turns"
-    assert len(seqs) >= len(live) + len(failed), "a turn in progress or a recent failure was forgotten"
-    await trio.sleep(FAILED_KEPT_S + 1)
+            live.append(seqs.take_turn({(n, TOPIC, 0): (0, 0)}, link, all_written)[0])  # never settled
+        else:
+            answered_turn(seqs, (n, TOPIC, 0), link)
+    assert len(seqs) == 3 * ProducerSequences.SWEEP_FROM, "a recent turn was forgotten"
+    await trio.sleep(KEPT_S + 1)
     size = len(seqs)
     for n in range(2 * size):
-        turn, _ = seqs.take_turn({(-n - 1, TOPIC, 0): (0, 0)}, link, all_written)
-        answered = Pending()
-        answered.set(b"answer")
-        turn.sent(answered)
+        answered_turn(seqs, (-n - 1, TOPIC, 0), link)
         if len(seqs) < size + n + 1:
             break  # swept
-    # Kept: the turns in progress, and the one taken as the sweep ran (not yet sent then).
-    assert len(seqs) == len(live) + 1, "a sweep after the failures' time kept more than the turns in progress"
+    # Kept: the turns in progress, and those taken since the sleep (recent).
+    assert len(seqs) == len(live) + n + 1, "a sweep after their time kept turns over"
+
+
+async def test_the_table_keeps_at_most_max_kept_turns_over(autojump_clock: trio.testing.MockClock, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(sequences, "MAX_KEPT", 1500)
+    seqs = ProducerSequences()
+    link = object()
+    for n in range(10 * ProducerSequences.SWEEP_FROM):
+        answered_turn(seqs, (n, TOPIC, 0), link)
+        assert len(seqs) <= 2 * 1500 + 1, f"{len(seqs)} turns kept"
+    newest = answered_turn(seqs, (-1, TOPIC, 0), link)
+    assert seqs.take_turn({(-1, TOPIC, 0): (0, 1)}, object(), all_written)[1] == [((-1, TOPIC, 0), newest)], "the newest was forgotten"
