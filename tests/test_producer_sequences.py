@@ -50,19 +50,16 @@ def autojump_clock() -> trio.testing.MockClock:
     return trio.testing.MockClock(autojump_threshold=0)
 
 
-def produce(cid: int, batches: dict[int, tuple[int, int]]) -> bytes:
-    """acks=all; per partition, one record from (producer id, base sequence), -1: no producer."""
+def produce(cid: int, batches: dict[int, tuple[int, int]], epoch: int = 0) -> bytes:
+    """acks=all; per partition, one record from (producer id, base sequence) of producer ``epoch``, -1: no producer."""
     data = [
         {
             "name": TOPIC,
-            "partition_data": [{"index": p, "records": record_batch([b"v"], producer=(pid, 0, seq))} for p, (pid, seq) in batches.items()],
+            "partition_data": [
+                {"index": p, "records": record_batch([b"v"], producer=(pid, epoch, seq))} for p, (pid, seq) in batches.items()
+            ],
         }
     ]
-    return request_bytes(apis.PRODUCE, PRODUCE_V, {"transactional_id": None, "acks": -1, "timeout": 5000, "topic_data": data}, cid)
-
-
-def produce_epoch(cid: int, pid: int, epoch: int, sequence: int) -> bytes:
-    data = [{"name": TOPIC, "partition_data": [{"index": 0, "records": record_batch([b"v"], producer=(pid, epoch, sequence))}]}]
     return request_bytes(apis.PRODUCE, PRODUCE_V, {"transactional_id": None, "acks": -1, "timeout": 5000, "topic_data": data}, cid)
 
 
@@ -202,7 +199,7 @@ async def test_a_new_producer_epoch_starts_afresh(autojump_clock: trio.testing.M
         await a.send(produce(1, {0: (PID, 7)}))
         await answer_refused(await brokers.next(1), errors.NOT_LEADER_OR_FOLLOWER)
         assert await produced(a, 1) == {0: errors.NOT_LEADER_OR_FOLLOWER}
-        await b.send(produce_epoch(2, PID, epoch=1, sequence=0))  # the producer bumped its epoch (KIP-360): sequences restart
+        await b.send(produce(2, {0: (PID, 0)}, epoch=1))  # the producer bumped its epoch (KIP-360): sequences restart
         await answer_produce(await brokers.next(1), 0)
         assert await produced(b, 2) == {0: errors.NONE}
 

@@ -151,7 +151,7 @@ def _varint(n: int) -> bytes:
     return bytes(out)
 
 
-def record_batch(values: list[bytes], timestamp_ms: int = 0, *, producer: tuple[int, int, int] = (-1, -1, -1)) -> bytes:
+def record_batch(values: list[bytes], timestamp_ms: int = 0, *, producer: tuple[int, int, int] = NO_PRODUCER) -> bytes:
     """One record batch (magic 2, uncompressed) of keyless records, CRC-32C as brokers check it.
 
     ``producer``: its producer id, epoch and base sequence (an idempotent producer's); none by default."""
