@@ -31,7 +31,14 @@ from proxy.tools.mock_cluster import MockCluster
 from tests.support.apache_kafka.cluster import KafkaCluster
 from tests.support.kcat import Row
 from tests.support.kfan import Kfan
-from tests.support.round_trip import check_round_trip, committed_offsets, end_offsets, high_watermarks, keyed_records
+from tests.support.round_trip import (
+    check_round_trip,
+    committed_offsets,
+    end_offsets,
+    high_watermarks,
+    kafka_python_subscribe,
+    keyed_records,
+)
 from tests.support.waiting import wait_for
 
 N = 1000
@@ -96,9 +103,8 @@ def sent(monkeypatch: pytest.MonkeyPatch) -> set[tuple[int, int]]:
 
 
 def _consumer(bootstrap: str, pinned: tuple[int, ...], group: str, member: dict[str, int]) -> KafkaConsumer:
-    # Metadata refreshed every second: a member that assigned before its metadata had a new topic (kafka-python's
-    # range assignor warns "No partition metadata") is given nothing and rejoins only once its metadata changes;
-    # with the default five minutes, one on the direct path to Apache Kafka 3 read nothing for 90 s.
+    # Metadata refreshed every second: a member whose metadata lacks a partition learns of it soon
+    # (the first join waits for the topic's metadata: round_trip.kafka_python_subscribe).
     return KafkaConsumer(
         bootstrap_servers=bootstrap,
         api_version=pinned,
@@ -177,7 +183,7 @@ def _round_trip(
         return len(consumed) >= N
 
     try:
-        consumer.subscribe([topic])
+        kafka_python_subscribe(consumer, topic)
         wait_for(f"the {N} records", consume, DEADLINE_S, seen=lambda: f"{len(consumed)} records")
         consumed += _poll_for(consumer, 1)  # and nothing more
         consumer.commit()
@@ -191,7 +197,7 @@ def _round_trip(
     try:
         assert {tp.partition: again.committed(tp) for tp in tps} == ends, "committed offsets, read back at the pinned version"
         assert {tp.partition: o for tp, o in again.end_offsets(tps).items()} == ends, "end offsets (ListOffsets)"
-        again.subscribe([topic])
+        kafka_python_subscribe(again, topic)
         reread: list[Row] = []
 
         def assigned() -> bool:

@@ -15,12 +15,14 @@ import time
 from collections import Counter, defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
 from tests.support.client_security import PLAINTEXT, ClientSecurity
 from tests.support.kcat import Kcat, Row
+from tests.support.waiting import wait_for
 
 N = 10_000
 # The mock coordinator holds a rejoin for session timeout - 1 s even when the
@@ -190,6 +192,21 @@ def confluent_kafka_round_trip(bootstrap: str, topic: str, group: str, records: 
     )
 
 
+def kafka_python_subscribe(consumer: Any, topic: str, timeout: float = DEADLINE_S) -> None:
+    """Subscribe a kafka-python ``KafkaConsumer`` to ``topic`` once its metadata has the topic's partitions.
+
+    kafka-python 3.0.12 can stay in a group with nothing to read, heartbeats off, until it is
+    closed: a member that assigned before its metadata had the topic (its range assignor warns
+    "No partition metadata for topic") rejoins when the metadata comes, and if that JoinGroup's
+    answer arrives while no ``poll`` waits for it, the finished join is never applied (its
+    ``need_rejoin`` is already False: the assignment just taken matches the metadata). Directly
+    or through kfan alike. ``topics()`` always asks the cluster, so after it the consumer's
+    metadata, and the snapshot it rejoins on, hold the topic before the first join.
+    """
+    consumer.subscribe([topic])
+    wait_for(f"{topic} in the consumer's metadata", lambda: topic in consumer.topics(), timeout)
+
+
 def kafka_python_round_trip(bootstrap: str, topic: str, group: str, records: Records, security: ClientSecurity = PLAINTEXT) -> Trip:
     from kafka import KafkaConsumer, KafkaProducer
     from kafka import TopicPartition as KTopicPartition
@@ -201,9 +218,10 @@ def kafka_python_round_trip(bootstrap: str, topic: str, group: str, records: Rec
     for f in futures:
         f.get(timeout=30)
     producer.close()
-    consumer = KafkaConsumer(topic, bootstrap_servers=bootstrap, **_member(group), **sec)
+    consumer = KafkaConsumer(bootstrap_servers=bootstrap, **_member(group), **sec)
     consumed: list[Row] = []
     try:
+        kafka_python_subscribe(consumer, topic)
         deadline = time.monotonic() + DEADLINE_S
         while len(consumed) < len(records) and time.monotonic() < deadline:
             for batch in consumer.poll(timeout_ms=1000, max_records=BATCH).values():
