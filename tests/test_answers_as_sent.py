@@ -1,5 +1,9 @@
 """A leader-split answer one broker gave cleanly goes to the client as it came, read for its keys only.
 
+A Fetch answer is decoded (kfan keeps its watermarks and reads where the next
+Fetch starts) but, when nothing in it changes, not encoded again: the last
+tests check that against the merge that encodes every Fetch.
+
 :func:`proxy.kafka.skim.partition_keys` reads an answer's partition keys and
 declines (None) any answer with a non-zero error code or a tagged field at
 its top, topic or partition level; :func:`proxy.core.leader.merge` passes on
@@ -12,11 +16,13 @@ merge that decodes everything, on valid answers and on broken ones.
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 import pytest
 
-from proxy.core import ROUTES, Forward, Response, leader
+from proxy.core import ROUTES, Forward, Plan, Response, fetch, leader, plan_request
 from proxy.core.answers import error_codes
 from proxy.core.leader import layouts_of
 from proxy.kafka import schema, skim
@@ -31,6 +37,15 @@ CASES = [
     for v in range(fz.API_VERSIONS[k][0], fz.API_VERSIONS[k][1] + 1)
     if k in fz.API_VERSIONS
 ]
+FETCH = 1
+FETCH_VERSIONS = range(fz.API_VERSIONS[FETCH][0], fz.API_VERSIONS[FETCH][1] + 1)
+
+
+def _plan_fetch(payload: bytes) -> Plan:
+    """Planned as by a kfan that knows no preferred read replica: every partition goes to its leader."""
+    return plan_request(replace(fz.CONTEXT, read_replica=lambda key: None), payload)
+
+
 SEEDS = range(12)
 
 
@@ -66,7 +81,7 @@ def _cleaned(spec: schema.StructSpec, value: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _single_broker_plan(api_key: int, version: int, rng: random.Random) -> Forward:
+def _single_broker_plan(api_key: int, version: int, rng: random.Random, planner: Callable[[bytes], Plan] = fz.plan) -> Forward:
     """A request whose partitions all lead to broker 1 ("orders" 0 and 3), in a random order, a topic maybe twice."""
     body = fz.request_body(api_key, version, rng)
     at = layouts_of(ROUTES[api_key], version)[0]
@@ -87,7 +102,7 @@ def _single_broker_plan(api_key: int, version: int, rng: random.Random) -> Forwa
         topic[at.partitions] = partitions
         topics.append(topic)
     body[at.topics] = topics
-    plan = fz.plan(fz.encode_request(api_key, version, body))
+    plan = planner(fz.encode_request(api_key, version, body))
     assert isinstance(plan, Forward) and list(plan.subs) == [1], plan
     return plan
 
@@ -178,3 +193,66 @@ def test_a_partition_missing_from_the_answer_is_merged() -> None:
     reply = plan.merge(plan, {1: Response(answer)})
     merged = schema.decode_body(schema.response_spec(api_key, version), b"".join(bytes(p) for p in reply.body))
     assert layouts_of(ROUTES[api_key], version)[1].keys(merged) == layouts_of(ROUTES[api_key], version)[0].keys(plan.state.request)
+
+
+def _quiet_fetch_answer(plan: Forward, rng: random.Random) -> bytes:
+    """A clean answer to the sub-fetch that names no broker and keeps no session: nothing for kfan to change."""
+    (sub,) = plan.subs.values()
+    spec = schema.response_spec(sub.api_key, sub.api_version)
+    body = _cleaned(spec, fz.answer_body(sub.api_key, sub.api_version, fz.sub_request_body(sub), rng))
+    body["session_id"] = 0
+    body.pop("node_endpoints", None)
+    for _, p in layouts_of(ROUTES[FETCH], sub.api_version)[1].entries(body):
+        p["preferred_read_replica"] = -1
+        if p.get("current_leader") is not None:
+            p["current_leader"] = {"leader_id": -1, "leader_epoch": -1}
+    return fz.encode_answer(sub.api_key, sub.api_version, body)
+
+
+def _fetch_reply(plan: Forward, answer: bytes, monkeypatch: pytest.MonkeyPatch) -> bool:
+    """The reply equals the merge's that encodes every Fetch; whether it was the broker's bytes as they came."""
+    reply = plan.merge(plan, {1: Response(answer)})
+    with monkeypatch.context() as m:
+        m.setattr(fetch, "_as_answered", lambda *args: False)
+        full = plan.merge(plan, {1: Response(answer)})
+    assert b"".join(bytes(p) for p in reply.body) == b"".join(bytes(p) for p in full.body)
+    assert (reply.effects, reply.errors, reply.broker_failed) == (full.effects, full.errors, full.broker_failed)
+    return len(reply.body) == 1 and getattr(reply.body[0], "obj", None) is answer
+
+
+@pytest.mark.parametrize("version", FETCH_VERSIONS)
+def test_a_fetch_one_broker_answered_goes_as_it_came_when_nothing_changes(version: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    as_sent, cut = [], []
+    for seed in SEEDS:
+        rng = random.Random(f"fetch {version} {seed}")
+        plan = _single_broker_plan(FETCH, version, rng, _plan_fetch)
+        keys = layouts_of(ROUTES[FETCH], version)[0].keys(plan.state.request)
+        if len(set(keys)) < len(keys):
+            continue  # a partition asked twice: the merge answers both from the first, the broker as it likes
+        answer = _quiet_fetch_answer(plan, rng) if seed % 3 else _answer(plan, rng, clean=False)
+        as_sent.append(_fetch_reply(plan, answer, monkeypatch))
+        if seed % 3 and not as_sent[-1]:
+            cut.append(seed)  # only the client's budget may change a quiet answer
+            assert "max_bytes" in plan.state.request, (version, seed)
+    assert any(as_sent), "no quiet answer passed on as it came"
+
+
+@pytest.mark.parametrize("version", FETCH_VERSIONS)
+def test_a_fetch_answer_kfan_changes_is_encoded_again(version: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    rng = random.Random(f"changed {version}")
+    plan = _single_broker_plan(FETCH, version, rng, _plan_fetch)
+    answer = _quiet_fetch_answer(plan, rng)
+    spec = schema.response_spec(FETCH, version)
+    body = schema.decode_body(spec, answer, response_body_offset(answer, FETCH, version))
+    at = layouts_of(ROUTES[FETCH], version)[1]
+    last = body[at.topics][-1]
+    changes = [{**body, at.topics: [*body[at.topics][:-1], {**last, at.partitions: last[at.partitions][:-1]}]}]  # one left out
+    if "session_id" in body:
+        changes.append({**body, "session_id": 7})  # the client gets session 0: kfan hands out none
+    (_, first), *_ = at.entries(body)
+    if "preferred_read_replica" in first:
+        first["preferred_read_replica"] = 2  # hidden from the client (and followed)
+        changes.append(body)
+    for changed in changes:
+        wire = fz.encode_answer(FETCH, version, changed)
+        assert not _fetch_reply(plan, wire, monkeypatch)

@@ -114,6 +114,7 @@ def test_broker_answers_raise_only_broker_unavailable(part: int) -> None:
     broker_answers.campaign(SEED, range(part, 10000, 2), tally)
     assert tally.inputs[broker_answers.MERGE] > 4000
     assert tally.inputs[broker_answers.SATISFIED] > 200 and tally.inputs[broker_answers.MARKS] > 200
+    assert tally.inputs[broker_answers.AS_SENT] > 20
     assert tally.inputs[broker_answers.CONTROL] > 500, "the control plane's decoders were fuzzed"
     _assert_clean(tally)
 

@@ -28,7 +28,7 @@ from ..kafka.headers import RequestHeader
 from ..kafka.schema import Struct, encode_body, request_spec, response_spec
 from ..kafka.wire import Malformed, Parts
 from . import leader
-from .answers import Decoded, decode_answer
+from .answers import Decoded, decode_answer, passthrough_body
 from .layout import Layout, TopicKey, TopicPartition
 from .layout import error_entry as layout_error_entry
 from .plan import (
@@ -158,15 +158,39 @@ def merge(plan: FetchForward, answers: Answers) -> Reply:
     body, reply, decoded = leader.merge_partitions(plan, answers, read_replicas)
     found = plan.state
     waiting = {tp for tp, d in found.leader_of.items() if d in decoded.waiting}
-    seen = _finish(body, found.request, found.response_layout, decoded.bodies, waiting, plan.ctx.watermarks)
+    seen, cut = _finish(body, found.request, found.response_layout, decoded.bodies, waiting, plan.ctx.watermarks)
     if seen:
         reply.effects.append(RememberWatermarks(seen))
     if plan.ctx.fetch_ahead_bytes > 0:
         ahead = _fetch_ahead(plan, body, rerouted)
         if ahead:
             reply.effects.append(FetchAhead(ahead))
-    reply.body = encode_body(response_spec(plan.header.api_key, plan.header.api_version), body)
+    if not cut and _as_answered(plan, decoded, body):
+        # One broker answered the whole Fetch and nothing in it changed: its body goes as it came.
+        (answer,) = answers.values()
+        assert isinstance(answer, Response)
+        reply.body = passthrough_body(plan.header, answer.payload)
+    else:
+        reply.body = encode_body(response_spec(plan.header.api_key, plan.header.api_version), body)
     return reply
+
+
+def _as_answered(plan: FetchForward, decoded: Decoded, body: Struct) -> bool:
+    """The merged Fetch is its one broker's answer unchanged (the caller knows no records were cut).
+
+    Only the leaders' own answers qualify: a replica's may have its last stable offset held
+    back, and a partition waiting on its broker reports remembered watermarks.
+    """
+    found = plan.state
+    if len(decoded.bodies) != 1 or decoded.failed or decoded.waiting or decoded.names_brokers:
+        return False
+    if found.unroutable or found.replicas or plan.refused or plan.unknown_topics:
+        return False
+    (only,) = decoded.bodies.values()
+    if only.get("session_id", 0) != 0:
+        return False  # a broker that kept a session for a sessionless fetch: the client must not see it
+    layout = found.response_layout
+    return layout.keys(only) == layout.keys(body)
 
 
 def _follow_read_replicas(plan: FetchForward, body: Struct, decoded: Decoded, reply: Reply) -> set[int]:
@@ -360,8 +384,9 @@ def _finish(
     decoded: Mapping[Any, Struct],
     waiting: set[TopicPartition],
     watermarks: Mapping[TopicPartition, Watermarks],
-) -> dict[TopicPartition, Watermarks]:
-    """Session, error and budget of the merged Fetch; the watermarks its answers carried.
+) -> tuple[dict[TopicPartition, Watermarks], bool]:
+    """Session, error and budget of the merged Fetch; the watermarks its answers carried, and whether
+    records were cut to the budget.
 
     A partition whose broker has not answered yet reports the watermarks that
     broker last gave for it: "unknown" (-1) would be a lie a broker never tells.
@@ -384,8 +409,8 @@ def _finish(
     # the end of a partition's bytes is the client's to handle, as it arrives).
     budget = request.get("max_bytes")
     if budget is None:
-        return seen
-    used = 0
+        return seen, False
+    used, cut = 0, False
     for t in body[layout.topics]:
         for p in t[layout.partitions]:
             records = p.get("records")
@@ -394,6 +419,7 @@ def _finish(
             n = len(records)
             if used and used + n > budget:
                 p["records"] = b""
+                cut = True
             else:
                 used += n
-    return seen
+    return seen, cut

@@ -13,7 +13,9 @@ keeps of its producers' order (:func:`proxy.core.produce.sequenced`,
 :func:`proxy.core.produce.sent_again`). The answers go through ``plan.merge`` (a Fetch's with the
 watermarks its connection remembers in its context) and, for Fetch,
 :func:`tests.support.core_inputs.satisfied` (Fetch's waiting policy) and
-:func:`proxy.core.fetch.answer_watermarks`. A leader-split answer that one
+:func:`proxy.core.fetch.answer_watermarks`. A Fetch answer one broker gave
+that kfan passes on as it came must say what the merge that encodes every
+Fetch says. A leader-split answer that one
 broker gave cleanly is read for its keys only and passed on as it came
 (:func:`proxy.kafka.skim.partition_keys`): the mutated ones reach that reader.
 The Metadata answer a merge asks to fold (:class:`proxy.core.FoldMetadata`)
@@ -22,7 +24,8 @@ must survive its JSON form (captures).
 
 Contracts: merges raise only :class:`proxy.core.BrokerUnavailable` (the
 client connection closes); ``satisfied``, ``answer_watermarks`` and
-``Topology.with_metadata``, ``sequenced`` and ``sent_again`` raise nothing. Answers that are valid (unknown
+``Topology.with_metadata``, ``sequenced`` and ``sent_again`` raise nothing; a Fetch passed on as it came
+decodes as the re-encoded merge does. Answers that are valid (unknown
 tags included) or failures merge into a response that decodes.
 
 The control plane's decoders (``backends.control.read_api_versions`` and
@@ -53,6 +56,7 @@ from proxy.core import (
     Response,
     Unsupported,
     Watermarks,
+    fetch,
     produce,
 )
 from proxy.core.fetch import answer_watermarks
@@ -85,6 +89,7 @@ SATISFIED = "fetch_satisfied"
 MARKS = "answer_watermarks"
 FOLD = "fold_metadata"
 SEQUENCES = "produce_sequences"
+AS_SENT = "fetch_as_sent"
 CONTROL = "control_plane"
 MERGE_ALLOWED: tuple[type[BaseException], ...] = (BrokerUnavailable,)
 
@@ -122,6 +127,31 @@ def merge(plan: Forward, answers: Mapping[Destination, BrokerAnswer], watermarks
     reply = plan.merge(plan, answers)
     b"".join(bytes(p) for p in reply.body)
     return reply
+
+
+def fetch_as_sent(
+    plan: FetchForward, answers: Mapping[Destination, BrokerAnswer], watermarks: Mapping[TopicPartition, Watermarks], reply: Reply
+) -> None:
+    """A Fetch answer passed on as its broker sent it decodes as the merge that encodes every Fetch does
+    (unless a partition was asked twice: the merge answers both from the first, a broker as it likes)."""
+    if not (len(answers) == 1 and len(reply.body) == 1 and isinstance(reply.body[0], memoryview)):
+        return
+    (answer,) = answers.values()
+    if not isinstance(answer, Response) or reply.body[0].obj is not answer.payload:
+        return
+    keys = plan.state.request_layout.keys(plan.state.request)
+    if len(set(keys)) < len(keys):
+        return
+    passed = fetch._as_answered
+    fetch._as_answered = lambda *args: False  # type: ignore[assignment]  # one process, one case at a time
+    try:
+        full = merge(plan, answers, watermarks)
+    finally:
+        fetch._as_answered = passed  # type: ignore[assignment]
+    spec = schema.response_spec(plan.header.api_key, plan.header.api_version)
+    as_sent = schema.decode_body(spec, b"".join(bytes(p) for p in reply.body), allow_trailing=True)
+    if as_sent != schema.decode_body(spec, b"".join(bytes(p) for p in full.body)):
+        raise Broken("a Fetch passed on as it came differs from the merge that encodes it")
 
 
 def fold(metadata: Mapping[str, Any]) -> None:
@@ -260,13 +290,16 @@ def run_case(rng: random.Random, corpus: list[bytes], tally: Tally, index: int, 
         tally.count(SEQUENCES, len(answers))
         check(tally, SEQUENCES, index, reproducer, (), lambda: produce_orders(plan, answers), **limits)  # type: ignore[arg-type]
     if isinstance(plan, FetchForward):
-        fetch = plan
+        fetch_plan = plan
+        if ok and all(k in WELL_FORMED for k in kinds.values()):
+            tally.count(AS_SENT)
+            check(tally, AS_SENT, index, reproducer, (), lambda: fetch_as_sent(fetch_plan, answers, watermarks, reply), **limits)  # type: ignore[arg-type]
         tally.count(SATISFIED, 1 + len(answers))
-        check(tally, SATISFIED, index, reproducer, (), lambda: satisfied(hdr, answers, fetch.min_bytes), **limits)  # type: ignore[arg-type]
+        check(tally, SATISFIED, index, reproducer, (), lambda: satisfied(hdr, answers, fetch_plan.min_bytes), **limits)  # type: ignore[arg-type]
         for t, a in answers.items():
             check(tally, SATISFIED, index, reproducer, (), lambda t=t, a=a: satisfied(hdr, {t: a}, 1), **limits)  # type: ignore[misc, arg-type]
             tally.count(MARKS)
-            check(tally, MARKS, index, reproducer, (), lambda a=a: answer_watermarks(fetch, a), **limits)  # type: ignore[misc, arg-type]
+            check(tally, MARKS, index, reproducer, (), lambda a=a: answer_watermarks(fetch_plan, a), **limits)  # type: ignore[misc, arg-type]
 
 
 # --- the control plane's decoders ------------------------------------------------------------
