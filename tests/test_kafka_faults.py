@@ -222,6 +222,7 @@ def test_a_metadata_storm_is_not_multiplied(quorum_kafka: KafkaCluster, quorum_k
     loader = threading.Thread(target=load, name="storm load")
     loader.start()
     unsent = asked = 0
+    victim, restarted = None, False
     try:
         time.sleep(5)  # every producer has its metadata and sends
         victim = leading_most(kafka, topic)
@@ -235,8 +236,11 @@ def test_a_metadata_storm_is_not_multiplied(quorum_kafka: KafkaCluster, quorum_k
             asked += _ask_at_once(producers, topic)
             time.sleep(1)
         kafka.start_broker(victim)
+        restarted = True
         time.sleep(5)
     finally:
+        if victim is not None and not restarted:
+            kafka.start_broker(victim)  # the next tests share this cluster, whatever failed here
         stop.set()
         loader.join(30)
         flushed_at = time.monotonic()
