@@ -251,8 +251,13 @@ def test_a_fetch_answer_kfan_changes_is_encoded_again(version: int, monkeypatch:
         changes.append({**body, "session_id": 7})  # the client gets session 0: kfan hands out none
     (_, first), *_ = at.entries(body)
     if "preferred_read_replica" in first:
-        first["preferred_read_replica"] = 2  # hidden from the client (and followed)
-        changes.append(body)
+        for replica in (2, -(2**31)):  # hidden from the client (and followed); any other than -1 told as -1
+            named = schema.decode_body(spec, answer, response_body_offset(answer, FETCH, version))
+            (_, entry), *_ = at.entries(named)
+            entry["preferred_read_replica"] = replica
+            changes.append(named)
+    if spec.tagged and any(f.name == "node_endpoints" for f in spec.tagged.values()):
+        changes.append({**body, "node_endpoints": []})  # naming no broker: dropped all the same
     for changed in changes:
         wire = fz.encode_answer(FETCH, version, changed)
         assert not _fetch_reply(plan, wire, monkeypatch)

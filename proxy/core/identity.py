@@ -75,13 +75,14 @@ PARTITION_BROKER_FIELDS = frozenset({"preferred_read_replica", "current_leader",
 
 
 def names_brokers(body: Struct, layout: Layout) -> bool:
-    """Whether a leader-split answer names a broker anywhere :func:`partitions` would hide it."""
-    if body.get("node_endpoints"):
+    """Whether a leader-split answer names a broker anywhere :func:`partitions` would hide it (or carries
+    what it rewrites anyway: node endpoints naming none, a preferred read replica other than -1)."""
+    if "node_endpoints" in body:
         return True
     for t in body[layout.topics]:
         for p in t[layout.partitions]:
             if isinstance(p, dict) and (
-                p.get("preferred_read_replica", -1) >= 0 or (p.get("current_leader") or {}).get("leader_id", -1) >= 0
+                p.get("preferred_read_replica", -1) != -1 or (p.get("current_leader") or {}).get("leader_id", -1) >= 0
             ):
                 return True
     return False
