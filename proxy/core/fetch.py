@@ -182,15 +182,11 @@ def _as_answered(plan: FetchForward, decoded: Decoded, body: Struct) -> bool:
     back, and a partition waiting on its broker reports remembered watermarks.
     """
     found = plan.state
-    if len(decoded.bodies) != 1 or decoded.failed or decoded.waiting or decoded.names_brokers:
+    if found.replicas or plan.refused or plan.unknown_topics:
         return False
-    if found.unroutable or found.replicas or plan.refused or plan.unknown_topics:
-        return False
-    (only,) = decoded.bodies.values()
-    if only.get("session_id", 0) != 0:
+    if any(only.get("session_id", 0) != 0 for only in decoded.bodies.values()):
         return False  # a broker that kept a session for a sessionless fetch: the client must not see it
-    layout = found.response_layout
-    return layout.keys(only) == layout.keys(body)
+    return leader.one_answer_unchanged(found, decoded, body)
 
 
 def _follow_read_replicas(plan: FetchForward, body: Struct, decoded: Decoded, reply: Reply) -> set[int]:

@@ -267,9 +267,14 @@ def _partition_keys(fields: PartitionFields, api_key: int, api_version: int) -> 
 
 def _as_answered(plan: Forward[LeaderSplit], found: LeaderSplit, decoded: Decoded, body: Struct, reply: Reply) -> bool:
     """The merged body is the one broker's answer unchanged: nothing to rewrite or re-encode."""
-    if len(decoded.bodies) != 1 or decoded.failed or decoded.waiting or found.unroutable or reply.errors or reply.effects:
-        return False
-    if decoded.names_brokers:
+    return not reply.errors and not reply.effects and one_answer_unchanged(found, decoded, body)
+
+
+def one_answer_unchanged(found: LeaderSplit, decoded: Decoded, body: Struct) -> bool:
+    """The merged body holds one broker's whole answer as it came: one body, nothing failed, waiting or
+    unroutable, no broker named, and its partitions in the merged order. Each merge that passes answers on
+    adds what else would change them for its API."""
+    if len(decoded.bodies) != 1 or decoded.failed or decoded.waiting or decoded.names_brokers or found.unroutable:
         return False
     (only,) = decoded.bodies.values()
     layout = found.response_layout
