@@ -110,9 +110,8 @@ def test_kafkas_bad_days_one_after_another(quorum_kafka: KafkaCluster, quorum_kf
 
         with timeline.fault("SIGKILL of the broker leading the most partitions, 10 s, restart"):
             victim = leading_most(kafka, topics[0])
-            kafka.stop_broker(victim, kill=True)
-            time.sleep(10)  # the controller fences it (session timeout 9 s) and elects new leaders
-            kafka.start_broker(victim)
+            with kafka.stopped(victim, kill=True):
+                time.sleep(10)  # the controller fences it (session timeout 9 s) and elects new leaders
             restore(kafka, *topics)
 
         with timeline.fault("a broker stopped (SIGSTOP) for 20 s"):
@@ -123,9 +122,8 @@ def test_kafkas_bad_days_one_after_another(quorum_kafka: KafkaCluster, quorum_kf
 
         with timeline.fault("the active controller killed"):
             active = kafka.active_controller()
-            kafka.stop_broker(active, kill=True)
-            wait_for("another active controller", lambda: kafka.active_controller() != active, RECOVER_TIMEOUT_S)
-            kafka.start_broker(active)
+            with kafka.stopped(active, kill=True):
+                wait_for("another active controller", lambda: kafka.active_controller() != active, RECOVER_TIMEOUT_S)
 
         with timeline.fault("4th broker added, kafka-reassign-partitions --execute, it leads all"):
             new = grow_and_move(kafka, topics, tmp_path)
@@ -222,25 +220,20 @@ def test_a_metadata_storm_is_not_multiplied(quorum_kafka: KafkaCluster, quorum_k
     loader = threading.Thread(target=load, name="storm load")
     loader.start()
     unsent = asked = 0
-    victim, restarted = None, False
     try:
         time.sleep(5)  # every producer has its metadata and sends
         victim = leading_most(kafka, topic)
         clients_before, brokers_before = _client_metadata(kfan), _broker_metadata(kafka)
-        kafka.stop_broker(victim, kill=True)
-        # Fenced after the session timeout (9 s), its partitions get new leaders; the clients meanwhile ask for
-        # Metadata again and again, of themselves and all at once once a second. (Nothing else polled: the test's
-        # own Metadata requests would count as kfan's.)
-        dead_until = time.monotonic() + 12
-        while time.monotonic() < dead_until:
-            asked += _ask_at_once(producers, topic)
-            time.sleep(1)
-        kafka.start_broker(victim)
-        restarted = True
+        with kafka.stopped(victim, kill=True):
+            # Fenced after the session timeout (9 s), its partitions get new leaders; the clients meanwhile ask for
+            # Metadata again and again, of themselves and all at once once a second. (Nothing else polled: the
+            # test's own Metadata requests would count as kfan's.)
+            dead_until = time.monotonic() + 12
+            while time.monotonic() < dead_until:
+                asked += _ask_at_once(producers, topic)
+                time.sleep(1)
         time.sleep(5)
     finally:
-        if victim is not None and not restarted:
-            kafka.start_broker(victim)  # the next tests share this cluster, whatever failed here
         stop.set()
         loader.join(30)
         flushed_at = time.monotonic()

@@ -99,18 +99,16 @@ def _judged(sides: list[Side], scenario: str) -> dict[str, Verdict]:
 def test_rolling_restart_of_every_broker(quorum_kafka: KafkaCluster, sides: list[Side]) -> None:
     """Controlled shutdown of one broker at a time, each back and in sync before the next: the everyday operation."""
     for broker_id in quorum_kafka.racks:
-        quorum_kafka.stop_broker(broker_id)
-        time.sleep(3)  # traffic runs a while without it
-        quorum_kafka.start_broker(broker_id)
+        with quorum_kafka.stopped(broker_id):
+            time.sleep(3)  # traffic runs a while without it
         isr_full(quorum_kafka, *(s.topic for s in sides))
     _judged(sides, "rolling restart")
 
 
 def test_the_broker_leading_a_third_of_the_partitions_killed(quorum_kafka: KafkaCluster, sides: list[Side]) -> None:
     victim = leading_most(quorum_kafka, sides[0].topic)
-    quorum_kafka.stop_broker(victim, kill=True)
-    time.sleep(10)  # the controller fences it (session timeout 9 s) and elects new leaders
-    quorum_kafka.start_broker(victim)
+    with quorum_kafka.stopped(victim, kill=True):
+        time.sleep(10)  # the controller fences it (session timeout 9 s) and elects new leaders
     isr_full(quorum_kafka, *(s.topic for s in sides))
     _judged(sides, "SIGKILL of a leader")
 
@@ -127,12 +125,11 @@ def test_a_broker_that_stops_answering_without_closing(quorum_kafka: KafkaCluste
 def test_the_active_controller_killed(quorum_kafka: KafkaCluster, sides: list[Side]) -> None:
     """The quorum elects another controller; the brokers, the clients and kfan carry on."""
     active = quorum_kafka.active_controller()
-    quorum_kafka.stop_broker(active, kill=True)
-    wait_for(
-        "another active controller", lambda: quorum_kafka.active_controller() != active, RECOVER_TIMEOUT_S, seen=quorum_kafka.logs_tail
-    )
-    time.sleep(3)
-    quorum_kafka.start_broker(active)
+    with quorum_kafka.stopped(active, kill=True):
+        wait_for(
+            "another active controller", lambda: quorum_kafka.active_controller() != active, RECOVER_TIMEOUT_S, seen=quorum_kafka.logs_tail
+        )
+        time.sleep(3)
     _judged(sides, "controller failover")
 
 

@@ -363,6 +363,16 @@ class KafkaCluster:
         self._launch(classpath(self.version), node)
 
     @contextmanager
+    def stopped(self, broker_id: int, *, kill: bool = False) -> Iterator[None]:
+        """Broker (or controller) ``broker_id`` stopped for the with-block (:meth:`stop_broker`), started again at
+        its end, also when the block fails: the next tests share the cluster."""
+        self.stop_broker(broker_id, kill=kill)
+        try:
+            yield
+        finally:
+            self.start_broker(broker_id)
+
+    @contextmanager
     def paused(self, broker_id: int) -> Iterator[None]:
         """Broker ``broker_id`` stopped (SIGSTOP) for the with-block: its connections stay open and nothing
         answers. Keep it short: past the controller's broker session timeout (9 s) the broker is fenced
