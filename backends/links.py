@@ -4,7 +4,8 @@ Each client connection has its own links (a broker answers a connection's
 requests in order, and idempotent producers depend on that order per broker),
 opened lazily per broker and per :class:`Lane`: Fetch long-polls get a lane
 of their own so they never stall the connection's other requests, and so do
-share-session requests (KIP-932). A failed
+share-session requests (KIP-932) and requests whose answers other clients
+share (Metadata). A failed
 link is replaced on next use, once kfan's backoff from reconnecting to that
 broker allows (:mod:`.backoff`). :meth:`LinkPool.resolve` turns a plan's
 destination (a broker, a coordinator, any broker) into a broker id.
@@ -37,6 +38,9 @@ class Lane(enum.Enum):
     MAIN = "main"
     FETCH = "fetch"  # long-polls: a lane of their own
     SHARE = "share"  # share sessions' fetches (long-polls too), on the connection the broker ties the session to
+    # Requests whose answer other clients' identical requests share (backends.flights): never queued behind this
+    # client's requests a broker holds (a Produce awaiting its acks, a JoinGroup), which everyone sharing would wait out.
+    SHARED = "shared"
 
 
 class LinkPool:

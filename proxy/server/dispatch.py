@@ -91,9 +91,10 @@ class Dispatcher:
             if flight is not None and (shared := self.cluster.flights.join(flight)) is not None:
                 out[destination] = shared  # the same request is out already: its answer is this one's too
                 continue
-            if destination is ANY_BROKER and self.links.link(broker, Lane.MAIN) is None:
+            lane = self._lane(plan)
+            if destination is ANY_BROKER and self.links.link(broker, lane) is None:
                 broker = self.links.another_broker(broker) or broker  # any broker will do: one kfan is not backing off from
-            link = await self.links.link_when_ready(broker, _lane(plan))
+            link = await self.links.link_when_ready(broker, lane)
             if link is None:
                 out[destination] = Failed(plan.route.failure.code(written=False))
                 continue
@@ -123,6 +124,11 @@ class Dispatcher:
         """Whether ``plan`` may share its answer with identical requests (:meth:`flight_key`)."""
         return plan.route.shares_answers and not self.client_identity
 
+    def _lane(self, plan: Forward) -> Lane:
+        if plan.route.share_session:
+            return Lane.SHARE
+        return Lane.SHARED if self.shares(plan) else Lane.MAIN
+
     def submit_elsewhere(self, plan: Forward, failed: Pending | Failed) -> Handles | None:
         """Ask another broker what any broker may answer (``failed``: the first one's); None when there is none to ask."""
         if isinstance(failed, Pending) and isinstance(failed.failure, LinkClosed):
@@ -130,7 +136,7 @@ class Dispatcher:
             broker: int | None = failed.broker
         else:
             broker = self.links.another_broker(failed.broker if isinstance(failed, Pending) else None)
-        link = None if broker is None else self.links.link(broker, Lane.MAIN)
+        link = None if broker is None else self.links.link(broker, self._lane(plan))
         if link is None:
             return None
         flight = self.flight_key(plan)
@@ -197,7 +203,7 @@ class Dispatcher:
         # joined, by this request asked again of another broker or by anyone else's.
         self.cluster.flights.landed(pending)
         self._turns.pop(pending, None)
-        self.links.close(pending.broker, _lane(plan))
+        self.links.close(pending.broker, self._lane(plan))
         return Failed(errors.REQUEST_TIMED_OUT)
 
     async def _receive(self, plan: Forward, submitted_at: float, destination: Destination, pending: Pending) -> BrokerAnswer:
@@ -228,7 +234,3 @@ class Dispatcher:
             latency = pending.done_at - pending.created_at
             metrics.observe(metrics.BROKER_LATENCY, (pending.broker, plan.header.api_key), latency)
         return Response(payload)
-
-
-def _lane(plan: Forward) -> Lane:
-    return Lane.SHARE if plan.route.share_session else Lane.MAIN
