@@ -29,13 +29,16 @@ from proxy.kafka import schema
 from proxy.kafka.headers import response_body_offset
 from proxy.tools.mock_cluster import MockCluster
 from spark.checks import check_exchange
+from tests.support import badbroker
 from tests.support.badbroker import LATE, STALL, BadBroker
 from tests.support.kfan import Kfan, kfan_at, shown_ids, start_kfan
 from tests.support.messages import request_bytes
 from tests.support.rawclient import RawClient
+from tests.support.waiting import wait_for
 
 TOPIC, OTHER = "flights", "flights-other"
 METADATA, VERSION = 3, 12
+LIST_OFFSETS = 2
 CLIENTS = 20
 
 
@@ -57,8 +60,8 @@ def _metadata(client: int, topics: list[str], correlation_id: int) -> bytes:
     return struct.pack(">i", len(payload)) + payload
 
 
-def _answer(raw: RawClient) -> tuple[int, schema.Struct]:
-    payload = raw.receive(30)
+def _answer(raw: RawClient, timeout: float = 30) -> tuple[int, schema.Struct]:
+    payload = raw.receive(timeout)
     assert payload is not None, "kfan closed the connection"
     (cid,) = struct.unpack_from(">i", payload)
     spec = schema.response_spec(METADATA, VERSION)
@@ -158,6 +161,39 @@ def test_a_request_past_its_deadline_is_not_a_flight_to_join() -> None:
             else:
                 pytest.fail("no connection asked the stalled broker")
             assert stalled.injected(STALL, METADATA) >= 1
+
+
+def test_a_shared_answer_does_not_wait_behind_what_a_broker_holds_for_its_first_client(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The first client's Metadata goes out after a request of its own the broker holds (as Kafka holds an acks=all
+    Produce until a dead follower leaves the ISR, or a JoinGroup until the group rebalances): a client asking the
+    same is answered at once, not after that. It used to wait, as the shared request went out on the first client's
+    own link behind the held one; in a broker-death storm Metadata took up to 12 s."""
+    monkeypatch.setattr(badbroker, "LATE_S", 60.0)  # ListOffsets held a minute, and the link's answers after it
+    with MockCluster(1) as cluster, BadBroker(cluster.brokers[1], seed=1, lifetime=600) as bad:
+        cluster.set_broker_address(1, "127.0.0.1", bad.port)
+        cluster.create_topic(TOPIC, 3)
+        with kfan_at(cluster.bootstrap, "--request-timeout", "120") as k:
+            bad.set_mode(LATE, api_keys=[LIST_OFFSETS], client_ids=["holder"])
+            holder, joiner = RawClient(k.address), RawClient(k.address)
+            try:
+                offsets = {"replica_id": -1, "topics": [{"name": TOPIC, "partitions": [{"partition_index": 0, "timestamp": -1}]}]}
+                for request in (request_bytes(LIST_OFFSETS, 7, offsets, 1, client_id="holder"), _metadata_as("holder", 2)):
+                    holder.send_bytes(struct.pack(">i", len(request)) + request)
+                wait_for("the holder's Metadata at the broker", lambda: bad.requests(METADATA, "holder") == 1, 30)
+                request = _metadata_as("joiner", 3)
+                joiner.send_bytes(struct.pack(">i", len(request)) + request)
+                cid, answer = _answer(joiner, timeout=30)  # half the hold: a joiner waiting behind it times out here
+            finally:
+                holder.close()
+                joiner.close()
+            assert bad.injected(LATE, LIST_OFFSETS) == 1, "the ListOffsets answer was held"
+    assert (cid, _topics(answer)) == (3, {TOPIC: 3})
+
+
+def _metadata_as(client_id: str, correlation_id: int) -> bytes:
+    return request_bytes(
+        METADATA, VERSION, {"topics": [{"name": TOPIC, "topic_id": uuid.UUID(int=0)}]}, correlation_id, client_id=client_id
+    )
 
 
 # --- the table itself ---------------------------------------------------------------------------

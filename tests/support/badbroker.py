@@ -54,7 +54,6 @@ import random
 import socket
 import struct
 import threading
-import time
 from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -235,7 +234,7 @@ class _Connection:
                     req = self.requests.pop(_CID.unpack_from(payload)[0], None)
                 out, after = self.owner._respond(req, payload)
                 if after == _LATE:
-                    time.sleep(LATE_S)
+                    self.owner._stopped.wait(LATE_S)  # held, but not past the stand-in's own end
                 if out:
                     self.client.sendall(out)
                 if after == _CLOSE:
