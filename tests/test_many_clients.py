@@ -92,9 +92,10 @@ def test_many_clients_served_and_released() -> None:
             report = "\n".join([*progress, *(f"{k} = {v}" for k, v in result.items())])
             assert result["served"] == CLIENTS and result["failed"] == 0, report
             assert result["client_connections_peak"] == CLIENTS, report
-            # Each client has at most one link per broker and lane (MAIN, FETCH); kfan's own control links come on top.
+            # Each client has at most one link per broker on MAIN and FETCH, and one SHARED link (Metadata others
+            # share, to its "any broker"); kfan's own control links come on top.
             held = result["broker_connections_peak"] - result["broker_connections_idle"]
-            assert CLIENTS <= held <= CLIENTS * BROKERS * 2, report
+            assert CLIENTS <= held <= CLIENTS * (BROKERS * 2 + 1), report
             assert result["kfan_fds_peak"] > LOWERED, report  # the raised limit was needed
 
             # Every client left: kfan closes their broker links with them.
