@@ -154,7 +154,7 @@ class Running:
 # Descriptors kfan holds for itself: listeners, control-plane links, metrics requests, capture files, logs.
 _OWN_FDS = 64
 # Logged with the limit: what an operator sizes the hard limit by.
-_PER_CLIENT = "each client connection takes one, plus up to two per broker it talks to"
+_PER_CLIENT = "each client connection takes one, plus up to two per broker it talks to and one for Metadata others share"
 
 
 def raise_fd_limit() -> int:
@@ -192,7 +192,7 @@ def check_fd_capacity(limit: int, brokers: int, max_connections: int) -> int:
     """
     if limit == resource.RLIM_INFINITY or brokers < 1:
         return max_connections
-    per_client = 1 + 2 * brokers
+    per_client = 2 + 2 * brokers  # its socket, MAIN and FETCH to each broker, SHARED to one (backends.links)
     fits = max(0, (limit - _OWN_FDS) // per_client)
     if fits < max_connections:
         # INFO, not WARNING: with the defaults (10,000 connections) nearly every host would warn at every start.
