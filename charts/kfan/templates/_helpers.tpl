@@ -530,3 +530,24 @@ prometheusRule.selector replaces them.
 {{- define "kfan.promSelector" -}}
 {{- default (printf "namespace=%q, job=%q" .Release.Namespace (include "kfan.fullname" .)) .Values.prometheusRule.selector -}}
 {{- end }}
+
+{{/*
+The broker ports the chart exposes (brokerPortIds), as a list of {name, port}: checked to fit together with
+brokerIds and brokerPortBase, which kfan itself listens by.
+*/}}
+{{- define "kfan.brokerPorts" -}}
+{{- $ports := list -}}
+{{- if .Values.brokerPortIds -}}
+{{- if or (ne .Values.brokerIds "cluster") (not .Values.brokerPortBase) -}}
+{{- fail "brokerPortIds needs brokerIds cluster and brokerPortBase: kfan listens on BASE+N only then" -}}
+{{- end -}}
+{{- range .Values.brokerPortIds -}}
+{{- $port := add $.Values.brokerPortBase . -}}
+{{- if gt (int $port) 65535 -}}
+{{- fail (printf "brokerPortBase %d + broker id %d is past port 65535" (int $.Values.brokerPortBase) (int .)) -}}
+{{- end -}}
+{{- $ports = append $ports (dict "name" (printf "broker-%d" (int .)) "port" (int $port)) -}}
+{{- end -}}
+{{- end -}}
+{{- toYaml $ports -}}
+{{- end -}}
