@@ -70,6 +70,7 @@ EVERYTHING: dict[str, Any] = {
     "nodeId": 7,
     "brokerIds": "cluster",
     "brokerPortBase": 30000,
+    "brokerPortIds": [1, 2, 3],
     "rack": "us-east-1b",
     "workers": 2,
     "logLevel": "DEBUG",
