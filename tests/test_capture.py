@@ -10,6 +10,7 @@ stores no payload, and that a killed kfan leaves readable files.
 from __future__ import annotations
 
 import datetime
+import json
 import signal
 import time
 import uuid
@@ -23,7 +24,8 @@ from kio.schema.metadata.v12.request import MetadataRequest
 from kio.schema.types import TopicName
 from kio.static.primitive import i32, i32Timedelta, i64
 
-from proxy.capture.rows import COLUMNS, CaptureRow, read_capture, read_rows
+from proxy.capture.rows import COLUMNS, CaptureRow, read_capture, read_rows, topology_document
+from proxy.core.topology import Broker, Topology
 from proxy.kafka.headers import parse_request_header, response_body_offset
 from proxy.tools.mock_cluster import MockCluster
 from spark.checks import DEFAULT_CORE, check_exchange
@@ -201,3 +203,23 @@ def test_a_row_keeps_the_topology_its_split_used(cluster: MockCluster, tmp_path:
     assert [b for b, _, _ in row.subrequests] == [1]
     assert row.cluster().leader(topic, 0) == 1
     assert check_exchange(row).findings == []
+
+
+def test_rows_of_one_topology_snapshot_share_its_document_and_its_json() -> None:
+    """Made once per snapshot (about 1.8 ms of the event loop each for 1,000 partitions, per exchange, when made for
+    every row): the rows planned with one snapshot share the document, and a newer snapshot gets its own. A row
+    written after a newer snapshot replaced the last document still writes its own topology."""
+    brokers = {i: Broker(i, "127.0.0.1", 9000 + i, None) for i in (1, 2, 3)}
+    first = Topology(brokers=brokers, leaders={"a": {p: p % 3 + 1 for p in range(1000)}})
+    doc = topology_document(first, 0, "kfan", 9092)
+    assert topology_document(first, 0, "kfan", 9092) is doc
+    assert topology_document(first, 7, "kfan", 9092) is not doc, "another identity, another document"
+    row = CaptureRow(
+        ts_start=1, ts_end=2, conn_id="c", api_key=3, api_version=12, correlation_id=1, request=b"", response=b"", topology=doc
+    )
+    assert json.loads(row.to_dict()["topology"]) == doc
+    second = Topology(brokers=brokers, leaders={"a": {0: 2}})
+    newer = topology_document(second, 0, "kfan", 9092)
+    assert newer is not doc and newer["leaders"] == {"a": {"0": 2}}
+    assert json.loads(row.to_dict()["topology"])["leaders"]["a"]["5"] == 3, "the row's own snapshot, not the newer one"
+    assert Topology.from_json(json.dumps({k: v for k, v in doc.items() if k != "kfan"})) == first
