@@ -33,10 +33,11 @@ class Flights:
         self._out: dict[FlightKey, Pending] = {}
         self._key_of: dict[int, FlightKey] = {}  # by id of the Pending
 
-    def join(self, key: FlightKey) -> Pending | None:
-        """The answer to come of an identical request already out, now waited for by one more; None when there is none."""
+    def join(self, key: FlightKey, avoid: int | None = None) -> Pending | None:
+        """The answer to come of an identical request already out, now waited for by one more; None when there is
+        none, or when it is out to broker ``avoid`` (one that just failed the request that asks again)."""
         pending = self._out.get(key)
-        if pending is None:
+        if pending is None or pending.broker == avoid:
             return None
         if pending.done_at is not None or pending.dropped or pending.waiters <= 0:
             self.landed(pending)  # answered (or given up): later requests ask afresh

@@ -221,6 +221,24 @@ def test_a_flight_is_joined_until_it_lands_and_the_table_is_bounded() -> None:
     trio.run(main)
 
 
+def test_a_request_asked_again_does_not_join_a_flight_to_the_broker_that_failed_it() -> None:
+    """Asked again elsewhere after its broker failed, a request must not wait for another client's identical one
+    still out to that broker: it would most likely fail the same way, and a Metadata request failing twice costs
+    its client the connection (its answer has no error code)."""
+
+    async def main() -> None:
+        flights = Flights()
+        key = (METADATA, VERSION, b"body")
+        to_failed = Pending()
+        to_failed.broker = 2
+        flights.lead(key, to_failed)
+        assert flights.join(key, avoid=2) is None and to_failed.waiters == 1
+        assert flights.join(key, avoid=1) is to_failed and to_failed.waiters == 2, "out to another broker: joined"
+        assert flights.join(key) is to_failed and to_failed.waiters == 3
+
+    trio.run(main)
+
+
 def test_shared_answers_are_captured_as_each_client_asked_and_replay_clean(tmp_path: Path) -> None:
     """With traffic capture on, each client's exchange records its own sub-request (its client id), not the one
     it shared: the replay checks find nothing to report."""

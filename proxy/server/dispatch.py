@@ -131,16 +131,19 @@ class Dispatcher:
 
     def submit_elsewhere(self, plan: Forward, failed: Pending | Failed) -> Handles | None:
         """Ask another broker what any broker may answer (``failed``: the first one's); None when there is none to ask."""
+        avoid: int | None = None
         if isinstance(failed, Pending) and isinstance(failed.failure, LinkClosed):
             # Another client's request it shared (backends.flights): that client left, the broker is fine.
             broker: int | None = failed.broker
         else:
-            broker = self.links.another_broker(failed.broker if isinstance(failed, Pending) else None)
+            avoid = failed.broker if isinstance(failed, Pending) else None
+            broker = self.links.another_broker(avoid)
         link = None if broker is None else self.links.link(broker, self._lane(plan))
         if link is None:
             return None
         flight = self.flight_key(plan)
-        shared = None if flight is None else self.cluster.flights.join(flight)
+        # Not another client's identical request to the broker that just failed this one: it would fail it again.
+        shared = None if flight is None else self.cluster.flights.join(flight, avoid)
         return {ANY_BROKER: shared if shared is not None else self._send(link, plan.subs[ANY_BROKER], flight)}
 
     async def _send_in_turn(
