@@ -45,6 +45,7 @@ log = logging.getLogger("kfan.cluster")
 # sends nothing more to that id. At most this many are kept (a broker's answer may name any number).
 DEPARTED_SHOWN_S = 300.0
 MAX_DEPARTED = 1024
+RECENT_SNAPSHOTS = 4  # topologies kept to be reused when an answer describes one of them again
 
 
 class DepartedBrokers:
@@ -272,6 +273,7 @@ class Cluster:
         self.request_timeout = request_timeout
         self.max_frame_bytes = max_frame_bytes
         self.topology = Topology()
+        self._recent: list[Topology] = []  # the latest snapshots, newest first (see _now_is)
         self._departed = DepartedBrokers()
         self.api_versions: dict[int, tuple[int, int]] = {}
         self.features = NO_FEATURES
@@ -366,7 +368,7 @@ class Cluster:
 
     def _took(self, metadata: Mapping[str, Any]) -> None:
         """A refresh's answer: the topology it describes, and the brokers it names probed."""
-        self.topology = self._departed.aged(self.topology.refreshed_by(metadata))
+        self._now_is(self._departed.aged(self.topology.refreshed_by(metadata)))
         self.refreshes += 1
         self.refreshed_at = trio.current_time()
         metrics.REFRESHES.labels("ok").inc()
@@ -424,7 +426,17 @@ class Cluster:
     def fold_metadata(self, metadata: Mapping[str, Any], *, described_only: bool = False) -> None:
         """``described_only``: a client's answer (see :class:`~proxy.core.FoldMetadata`): its errors change nothing."""
         if metadata["brokers"]:  # an answer naming no broker would leave nothing to route to
-            self.topology = self._departed.aged(self.topology.with_metadata(metadata, described_only=described_only))
+            self._now_is(self._departed.aged(self.topology.with_metadata(metadata, described_only=described_only)))
+
+    def _now_is(self, topology: Topology) -> None:
+        """``topology`` from now on, as the same object as the current or a recent snapshot it equals: most answers
+        change nothing, and while brokers disagree (a failover) answers switch between a few states. What is kept
+        by snapshot (a captured exchange's topology document) is then made once per state, not once per answer."""
+        if topology == self.topology:
+            return
+        same = next((t for t in self._recent if t == topology), None)
+        self.topology = topology if same is None else same
+        self._recent = [self.topology, *(t for t in self._recent if t is not self.topology)][:RECENT_SNAPSHOTS]
 
     def any_broker(self, exclude: int | None = None) -> int | None:
         """A broker believed reachable (any known one when none is), other than ``exclude``; None when there is none."""

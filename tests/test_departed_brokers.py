@@ -61,3 +61,32 @@ async def test_the_cluster_keeps_at_most_so_many_departed_brokers(mock_clock: tr
     cluster.fold_metadata(_metadata(0))  # 1 left last: it is kept before any of the others
     departed = cluster.topology.departed
     assert len(departed) == MAX_DEPARTED and 1 in departed and 0 not in departed
+
+
+async def test_an_answer_that_changes_nothing_keeps_the_same_snapshot(mock_clock: trio.testing.MockClock) -> None:
+    """What is kept by snapshot (a captured exchange's topology document) stays valid only while the snapshot is the
+    same object: an answer describing what kfan already holds does not replace it; one that changes it does."""
+    cluster = Cluster([("127.0.0.1", 1)])
+    cluster.fold_metadata(_metadata(1, 2))
+    before = cluster.topology
+    mock_clock.jump(1)
+    cluster.fold_metadata(_metadata(1, 2))
+    assert cluster.topology is before
+    cluster.fold_metadata(_metadata(1))
+    assert cluster.topology is not before and cluster.topology.departed.keys() == {2}
+
+
+async def test_an_answer_describing_a_recent_snapshot_again_brings_back_that_same_snapshot(mock_clock: trio.testing.MockClock) -> None:
+    """While brokers disagree, their answers switch the topology between a few states: each state stays one object."""
+    cluster = Cluster([("127.0.0.1", 1)])
+    cluster.fold_metadata(_metadata(1, 2))
+    first = cluster.topology
+    cluster.fold_metadata(_metadata(1, 2, 3))
+    second = cluster.topology
+    cluster.fold_metadata(_metadata(1, 2))
+    assert cluster.topology is not second and cluster.topology.departed.keys() == {3}
+    third = cluster.topology
+    cluster.fold_metadata(_metadata(1, 2, 3))
+    assert cluster.topology is second
+    cluster.fold_metadata(_metadata(1, 2))
+    assert cluster.topology is third and first != third

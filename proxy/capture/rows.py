@@ -126,12 +126,16 @@ def arrow_schema() -> Any:
     return pa.schema([(f.name, f.metadata["arrow"](pa)) for f in dataclasses.fields(CaptureRow)])
 
 
-# The last topology document made and its JSON, with what it was made from: (topology, (node id, host, port,
-# source), document, JSON). Topologies are immutable snapshots, replaced only by a refresh, so the exchanges
-# captured between two refreshes share one document: made for each, it cost about 1.8 ms on the event loop and
-# 0.6 ms more in the writer for 1,000 partitions, and capture saturated kfan in the metadata storm test. One
-# tuple, replaced whole: the writer thread reads it while the event loop may replace it.
-_last_document: tuple[Topology, tuple[int, str, int, str | None], dict[str, Any], str] | None = None
+# The topology documents made last and their JSON, with what each was made from: (topology, (node id, host, port,
+# source), document, JSON). Topologies are immutable snapshots, replaced only when an answer changes one, so the
+# exchanges captured with one snapshot share its document: made for each, it cost about 1.8 ms on the event loop
+# and 0.6 ms more in the writer for 1,000 partitions, and capture saturated kfan in the metadata storm test. Several
+# are kept: while brokers disagree (a failover), answers switch the topology back and forth between a few
+# snapshots (the cluster reuses an equal one it held: backends.cluster), and the writer reaches a row after newer
+# ones came. One tuple, replaced whole: the writer thread reads it while the event loop may replace it.
+_DOCUMENTS_KEPT = 8
+_Document = tuple[Topology, tuple[int, str, int, "str | None"], dict[str, Any], str]
+_documents: tuple[_Document, ...] = ()
 
 
 def topology_document(topology: Topology, node_id: int, host: str, port: int, *, source: str | None = None) -> dict[str, Any]:
@@ -140,21 +144,24 @@ def topology_document(topology: Topology, node_id: int, host: str, port: int, *,
     ``source="pcap"`` marks an imported tcpdump, where the broker answering stands where kfan would. The
     same document is returned for the same snapshot and identity: rows share it, and nothing may change it.
     """
-    global _last_document
+    global _documents
     made_from = (node_id, host, port, source)
-    last = _last_document
-    if last is not None and last[0] is topology and last[1] == made_from:
-        return last[2]
-    doc: dict[str, Any] = {**json.loads(topology.to_json()), "kfan": {"node_id": node_id, "host": host, "port": port}}
+    kept = _documents
+    for t, f, doc, _ in kept:
+        if t is topology and f == made_from:
+            return doc
+    doc = {**json.loads(topology.to_json()), "kfan": {"node_id": node_id, "host": host, "port": port}}
     if source is not None:
         doc["source"] = source
-    _last_document = (topology, made_from, doc, json.dumps(doc))
+    _documents = ((topology, made_from, doc, json.dumps(doc)), *kept[: _DOCUMENTS_KEPT - 1])
     return doc
 
 
 def _document_json(doc: dict[str, Any]) -> str:
-    last = _last_document
-    return last[3] if last is not None and last[2] is doc else json.dumps(doc)
+    for _, _, d, text in _documents:
+        if d is doc:
+            return text
+    return json.dumps(doc)
 
 
 # --- scrubbing ------------------------------------------------------------------
