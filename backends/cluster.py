@@ -67,6 +67,27 @@ class DepartedBrokers:
         return topology.forgetting(forgotten)
 
 
+class Snapshots:
+    """What follows a topology snapshot: departed brokers aged (:class:`DepartedBrokers`), and the same object for
+    the same state. Most answers change nothing, and while brokers disagree (a failover) their answers switch
+    between a few states: what is kept by snapshot (a captured exchange's topology document) is then made once
+    per state, not once per answer."""
+
+    def __init__(self) -> None:
+        self._departed = DepartedBrokers()
+        self._recent: list[Topology] = []  # newest first
+
+    def following(self, current: Topology, new: Topology) -> Topology:
+        """The snapshot to use after ``current`` for ``new``: ``current`` or a recent one when equal to it."""
+        new = self._departed.aged(new)
+        if new == current:
+            return current
+        same = next((t for t in self._recent if t == new), None)
+        chosen = new if same is None else same
+        self._recent = [chosen, *(t for t in self._recent if t is not chosen)][:RECENT_SNAPSHOTS]
+        return chosen
+
+
 class ClusterUnavailable(Exception):
     """No bootstrap broker answered."""
 
@@ -273,8 +294,7 @@ class Cluster:
         self.request_timeout = request_timeout
         self.max_frame_bytes = max_frame_bytes
         self.topology = Topology()
-        self._recent: list[Topology] = []  # the latest snapshots, newest first (see _now_is)
-        self._departed = DepartedBrokers()
+        self._snapshots = Snapshots()
         self.api_versions: dict[int, tuple[int, int]] = {}
         self.features = NO_FEATURES
         # The brokers' auto.create.topics.enable (Kafka's default until one says): whether a Metadata request
@@ -368,7 +388,7 @@ class Cluster:
 
     def _took(self, metadata: Mapping[str, Any]) -> None:
         """A refresh's answer: the topology it describes, and the brokers it names probed."""
-        self._now_is(self._departed.aged(self.topology.refreshed_by(metadata)))
+        self.topology = self._snapshots.following(self.topology, self.topology.refreshed_by(metadata))
         self.refreshes += 1
         self.refreshed_at = trio.current_time()
         metrics.REFRESHES.labels("ok").inc()
@@ -426,17 +446,7 @@ class Cluster:
     def fold_metadata(self, metadata: Mapping[str, Any], *, described_only: bool = False) -> None:
         """``described_only``: a client's answer (see :class:`~proxy.core.FoldMetadata`): its errors change nothing."""
         if metadata["brokers"]:  # an answer naming no broker would leave nothing to route to
-            self._now_is(self._departed.aged(self.topology.with_metadata(metadata, described_only=described_only)))
-
-    def _now_is(self, topology: Topology) -> None:
-        """``topology`` from now on, as the same object as the current or a recent snapshot it equals: most answers
-        change nothing, and while brokers disagree (a failover) answers switch between a few states. What is kept
-        by snapshot (a captured exchange's topology document) is then made once per state, not once per answer."""
-        if topology == self.topology:
-            return
-        same = next((t for t in self._recent if t == topology), None)
-        self.topology = topology if same is None else same
-        self._recent = [self.topology, *(t for t in self._recent if t is not self.topology)][:RECENT_SNAPSHOTS]
+            self.topology = self._snapshots.following(self.topology, self.topology.with_metadata(metadata, described_only=described_only))
 
     def any_broker(self, exclude: int | None = None) -> int | None:
         """A broker believed reachable (any known one when none is), other than ``exclude``; None when there is none."""
