@@ -10,7 +10,6 @@ CRD kept in charts/kfan/ci/.
 from __future__ import annotations
 
 import json
-import os
 import re
 import shlex
 import signal
@@ -22,8 +21,6 @@ import tomllib
 import urllib.error
 import urllib.request
 import uuid
-from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -40,16 +37,10 @@ from proxy.server.config import OPTIONS, resolve
 from proxy.server.governance import read_acls
 from proxy.server.quotas import read_quotas
 from tests.support.certs import Authority
-from tests.support.kfan import SERVING
-from tests.support.processes import follow_output, free_port, stop_process
+from tests.support.chart import BASE, CHART, NAMESPACE, ROOT, container, kfan_env, notes, one, probe_status, render, start_rendered
+from tests.support.processes import stop_process
 from tests.support.secure_cluster import SecureCluster
 from tests.support.waiting import wait_for, wait_for_line
-
-ROOT = Path(__file__).resolve().parent.parent
-CHART = ROOT / "charts" / "kfan"
-RELEASE, NAMESPACE = "prod", "streaming"
-BOOTSTRAP = "kafka-0.kafka-headless.kafka.svc:9092,kafka-1.kafka-headless.kafka.svc:9092"
-BASE = {"kafka": {"bootstrap": BOOTSTRAP}}
 
 # Oldest Kubernetes the chart supports (Chart.yaml kubeVersion) and the newest
 # kubernetes-validate knows.
@@ -150,45 +141,6 @@ EVERYTHING: dict[str, Any] = {
 }
 
 
-def render(values: dict[str, Any] | None = None, *, name: str = RELEASE, namespace: str = NAMESPACE) -> list[dict[str, Any]]:
-    """`helm template`: the rendered objects (NOTES.txt aside)."""
-    with helm.Chart.load(CHART) as chart:
-        manifests = chart.render(values or {}, name=name, namespace=namespace)
-    docs: list[dict[str, Any]] = []
-    for path, text in sorted(manifests.items()):
-        if not path.endswith("NOTES.txt"):
-            docs += [d for d in yaml.safe_load_all(text) if d]
-    return docs
-
-
-def notes(values: dict[str, Any]) -> str:
-    with helm.Chart.load(CHART) as chart:
-        manifests = chart.render(values, name=RELEASE, namespace=NAMESPACE)
-    return manifests["kfan/templates/NOTES.txt"]
-
-
-def one(docs: list[dict[str, Any]], kind: str) -> dict[str, Any]:
-    found = [d for d in docs if d["kind"] == kind]
-    assert len(found) == 1, f"expected one {kind}, got {[d['kind'] for d in docs]}"
-    return found[0]
-
-
-def container(docs: list[dict[str, Any]]) -> dict[str, Any]:
-    (c,) = one(docs, "Deployment")["spec"]["template"]["spec"]["containers"]
-    return c
-
-
-def kfan_env(docs: list[dict[str, Any]]) -> dict[str, str]:
-    """The container's environment: its env entries and the ConfigMaps it loads whole."""
-    c = container(docs)
-    env = {e["name"]: e.get("value", "") for e in c.get("env", [])}
-    configmaps = {d["metadata"]["name"]: d.get("data", {}) for d in docs if d["kind"] == "ConfigMap"}
-    for source in c.get("envFrom", []):
-        if "configMapRef" in source:
-            env.update(configmaps[source["configMapRef"]["name"]])
-    return env
-
-
 def port_number(c: dict[str, Any], port: int | str) -> int:
     if isinstance(port, int):
         return port
@@ -248,7 +200,7 @@ def test_default_render_is_valid_and_advertises_the_service() -> None:
     env = kfan_env(docs)
     assert env["KFAN_ADVERTISE"] == f"{service['metadata']['name']}.{NAMESPACE}.svc.cluster.local:{kafka_port}"
     assert env["KFAN_ADVERTISE"] == "prod-kfan.streaming.svc.cluster.local:9092"
-    assert env["KFAN_BOOTSTRAP"] == BOOTSTRAP
+    assert env["KFAN_BOOTSTRAP"] == BASE["kafka"]["bootstrap"]
     # The Service sends clients to the kfan pods.
     pod_labels = one(docs, "Deployment")["spec"]["template"]["metadata"]["labels"]
     assert service["spec"]["selector"].items() <= pod_labels.items()
@@ -942,78 +894,13 @@ def test_docs_cover_every_value_and_name_only_real_options() -> None:
             build_parser().parse_args(command[1:])
 
 
-def _get(url: str) -> int:
-    try:
-        with urllib.request.urlopen(url, timeout=2) as answer:
-            return answer.status
-    except urllib.error.HTTPError as e:
-        return e.code
-    except OSError:
-        return 0
-
-
-@dataclass
-class RenderedKfan:
-    """kfan run from a rendered chart: the objects, the process, its output (growing as it writes) and its two ports."""
-
-    docs: list[dict[str, Any]]
-    process: subprocess.Popen[str]
-    log: list[str]
-    kafka_port: int
-    metrics_port: int
-
-    def output(self) -> str:
-        return "".join(list(self.log))
-
-    def wait_ready(self, readiness: str, timeout: float) -> None:
-        """Until ``readiness`` (its probe's URL) answers 200; fails at once if kfan exits."""
-        wait_for("kfan's readiness probe to answer 200", lambda: self.process.poll() is not None or _get(readiness) == 200, timeout,
-                 seen=lambda: "".join(list(self.log)[-40:]))  # fmt: skip
-        assert self.process.poll() is None, "kfan exited before it was ready:\n" + self.output()
-
-
-def _start_rendered(values_for: Callable[[int, int], dict[str, Any]], timeout: float = 60, attempts: int = 5) -> RenderedKfan:
-    """kfan started as the Deployment's container would be (its args, its KFAN_* environment) from the chart
-    rendered with ``values_for(kafka_port, metrics_port)``; returned once it serves and /readyz says 200.
-
-    The chart takes fixed ports only (1-65535, no 0), so they are picked free first. Another process may
-    bind one before kfan does: kfan then exits saying "Address already in use", and is started again on
-    other ports. kfan binds its metrics port before it prints that it serves, so once that line is out
-    both ports are this kfan's, and what answers on them is not some other process that took them.
-    """
-    failures: list[str] = []
-    for _ in range(attempts):
-        kafka_port, metrics_port = free_port(), free_port()
-        docs = render(values_for(kafka_port, metrics_port))
-        c = container(docs)
-        env = {k: v for k, v in os.environ.items() if not k.startswith("KFAN_")} | kfan_env(docs)
-        process = subprocess.Popen(
-            [sys.executable, "-m", "proxy", *c["args"]], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-        )
-        log, serving = follow_output(process, SERVING, timeout)  # None: it exited (the whole output is in) or the time ran out
-        if serving is None:
-            stop_process(process, 5)
-            failures.append("".join(log))
-            if process.returncode != 0 and "address already in use" in failures[-1].lower():
-                continue
-            raise AssertionError("kfan never served:\n" + failures[-1])
-        kfan = RenderedKfan(docs, process, log, kafka_port, metrics_port)
-        try:
-            kfan.wait_ready(f"http://127.0.0.1:{metrics_port}" + c["readinessProbe"]["httpGet"]["path"], timeout)
-        except BaseException:
-            stop_process(process, 5)
-            raise
-        return kfan
-    raise AssertionError(f"kfan found its ports taken {attempts} times:\n" + "\n---\n".join(failures))
-
-
 @pytest.mark.parametrize("workers", [1, 2])
 def test_rendered_configuration_runs_a_real_kfan(cluster: Any, workers: int) -> None:
     """The Deployment's command, args and ConfigMap start kfan: ready on /readyz, and SIGTERM
     ends it cleanly, draining within the shutdown timeout the pod's grace period is sized for
     (test_grace_period_covers_the_prestop_sleep_and_kfans_drain checks that sizing)."""
     shutdown_timeout = 5
-    kfan = _start_rendered(
+    kfan = start_rendered(
         lambda kafka_port, metrics_port: (
             BASE
             | {
@@ -1030,7 +917,7 @@ def test_rendered_configuration_runs_a_real_kfan(cluster: Any, workers: int) -> 
     process = kfan.process
     try:
         metrics = f"http://127.0.0.1:{kfan.metrics_port}"
-        assert _get(metrics + c["livenessProbe"]["httpGet"]["path"]) == 200
+        assert probe_status(metrics + c["livenessProbe"]["httpGet"]["path"]) == 200
         with socket.create_connection(("127.0.0.1", kfan.kafka_port), timeout=5):
             pass
         pod = one(kfan.docs, "Deployment")["spec"]["template"]["spec"]
@@ -1143,7 +1030,7 @@ def test_rendered_security_configuration_runs_kfan_against_a_tls_sasl_cluster(tm
         assert sc.users["kfan"] not in rendered
         _kubelet(docs, secrets)
 
-        kfan = _start_rendered(values_for)
+        kfan = start_rendered(values_for)
         try:
             metrics = f"http://127.0.0.1:{kfan.metrics_port}"
 

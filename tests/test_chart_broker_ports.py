@@ -13,10 +13,10 @@ import pytest
 from proxy.kafka import schema
 from proxy.kafka.headers import response_body_offset
 from proxy.tools.mock_cluster import MockCluster
+from tests.support.chart import BASE, container, one, render, start_rendered
 from tests.support.messages import request_bytes
 from tests.support.processes import stop_process
 from tests.support.rawclient import RawClient
-from tests.test_chart import BASE, _start_rendered, container, one, render
 
 METADATA, VERSION = 3, 12
 
@@ -85,7 +85,7 @@ def test_the_rendered_kfan_serves_each_exposed_broker_on_its_port(cluster: MockC
             "brokerPortIds": ids,
         }
 
-    kfan = _start_rendered(values)
+    kfan = start_rendered(values)
     try:
         base = bases[-1]
         _, pod = _ports(kfan.docs)

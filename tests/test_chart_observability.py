@@ -19,7 +19,6 @@ import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import helm_python as helm
@@ -27,19 +26,15 @@ import jsonschema
 import kubernetes_validate
 import promql_parser
 import pytest
-import yaml
 from kubernetes_validate.utils import latest_version
 
 from proxy.server.config import OPTIONS
 from proxy.tools.mock_cluster import MockCluster
+from tests.support.chart import BASE, CHART, NAMESPACE, ROOT, one, render
 from tests.support.kfan import start_kfan
 from tests.support.metrics import http_get, metrics_port_in, parse_samples
 
-ROOT = Path(__file__).resolve().parent.parent
-CHART = ROOT / "charts" / "kfan"
 DASHBOARD_FILE = CHART / "dashboards" / "kfan.json"
-RELEASE, NAMESPACE = "prod", "streaming"
-BASE: dict[str, Any] = {"kafka": {"bootstrap": "kafka-0.kafka:9092"}}
 ON: dict[str, Any] = BASE | {"grafana": {"dashboard": {"enabled": True}}, "prometheusRule": {"enabled": True}}
 
 # Labels Prometheus gives every series it scrapes through the chart's ServiceMonitor (the target's).
@@ -52,18 +47,6 @@ FOREIGN: dict[str, set[str]] = {
 }
 # kfan's labels whose values are numbers (API keys, error codes, broker ids), not names the README lists.
 NUMERIC_LABELS = {"api_key", "api_version", "error_code", "broker"}
-
-
-def render(values: dict[str, Any], *, name: str = RELEASE, namespace: str = NAMESPACE) -> list[dict[str, Any]]:
-    with helm.Chart.load(CHART) as chart:
-        manifests = chart.render(values, name=name, namespace=namespace)
-    return [d for path, text in sorted(manifests.items()) if not path.endswith("NOTES.txt") for d in yaml.safe_load_all(text) if d]
-
-
-def one(docs: list[dict[str, Any]], kind: str, name_suffix: str = "") -> dict[str, Any]:
-    found = [d for d in docs if d["kind"] == kind and d["metadata"]["name"].endswith(name_suffix)]
-    assert len(found) == 1, [(d["kind"], d["metadata"]["name"]) for d in docs]
-    return found[0]
 
 
 def dashboard_of(docs: list[dict[str, Any]]) -> tuple[dict[str, Any], str, dict[str, Any]]:
