@@ -18,8 +18,6 @@ import socket
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,6 +26,7 @@ from confluent_kafka import Consumer, Producer
 from kio.schema.api_versions.v2.request import ApiVersionsRequest as ApiVersionsRequestV2
 from kio.schema.metadata.v12.request import MetadataRequest
 
+from tests.support.metrics import http_get
 from tests.support.processes import follow_output
 from tests.support.rawclient import RawClient
 from tests.support.sockets import LISTEN, tcp_sockets
@@ -252,14 +251,6 @@ def listening_ports(pid: int) -> set[int]:
     return {s.local_port for s in tcp_sockets(pid) if s.state == LISTEN}
 
 
-def http_status(url: str) -> int:
-    try:
-        with urllib.request.urlopen(url, timeout=5) as r:
-            return r.status
-    except urllib.error.HTTPError as e:
-        return e.code
-
-
 def round_trip(bootstrap: str, n: int = 12) -> list[tuple[int, bytes]]:
     """Produce n records to the topic demo through kfan and consume them back: (partition, value) pairs."""
     producer = Producer({"bootstrap.servers": bootstrap})
@@ -295,7 +286,7 @@ def test_demo_outlives_its_brokers(tmp_path: Path) -> None:
         got = round_trip(bootstrap)
         assert sorted(v for _, v in got) == sorted(f"hello {i}".encode() for i in range(12))
         assert len({p for p, _ in got}) > 1
-        assert http_status(f"http://127.0.0.1:{metrics}/readyz") == 200
+        assert http_get(f"http://127.0.0.1:{metrics}/readyz")[0] == 200
         # The brokers listen in the child, not in kfan: they go with it. (Asked of the processes'
         # own sockets, not by connecting after the kill: another process may bind a port freed then.)
         ports = set(demo.broker_ports)
@@ -307,7 +298,7 @@ def test_demo_outlives_its_brokers(tmp_path: Path) -> None:
         assert gone(demo.brokers_pid, demo.brokers_started)
         wait_for(
             "/readyz to say not ready, every broker gone",
-            lambda: http_status(f"http://127.0.0.1:{metrics}/readyz") == 503,
+            lambda: http_get(f"http://127.0.0.1:{metrics}/readyz")[0] == 503,
             30,
             seen=lambda: "".join(demo.log[-20:]),
         )

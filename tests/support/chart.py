@@ -6,8 +6,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import urllib.error
-import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,6 +15,7 @@ import helm_python as helm
 import yaml
 
 from tests.support.kfan import SERVING
+from tests.support.metrics import http_get
 from tests.support.processes import follow_output, free_port, stop_process
 from tests.support.waiting import wait_for
 
@@ -68,11 +67,9 @@ def kfan_env(docs: list[dict[str, Any]]) -> dict[str, str]:
 
 
 def probe_status(url: str) -> int:
+    """What a kubelet's HTTP probe of ``url`` sees: the status, or 0 when nothing answers."""
     try:
-        with urllib.request.urlopen(url, timeout=2) as answer:
-            return answer.status
-    except urllib.error.HTTPError as e:
-        return e.code
+        return http_get(url, timeout=2)[0]
     except OSError:
         return 0
 
