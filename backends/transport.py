@@ -33,7 +33,8 @@ class BrokerSecurity:
     credentials: Credentials_ | None = None  # kfan's own SASL identity; None: no SASL
 
     async def connect(self, host: str, port: int) -> trio.abc.Stream:
-        tcp = await trio.open_tcp_stream(host, port)
+        async with backoff.connecting((host, port)):
+            tcp = await trio.open_tcp_stream(host, port)
         if self.tls is None:
             return tcp
         stream = trio.SSLStream(tcp, self.tls.context(), server_hostname=self.server_name or host)

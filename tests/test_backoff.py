@@ -8,6 +8,7 @@ The process-level behaviour (an outage behind a real kfan) is in tests/test_proc
 
 from __future__ import annotations
 
+import os
 import random
 
 import pytest
@@ -18,6 +19,7 @@ from backends import backoff, transport
 from backends.backoff import Attempt, FailureLog, ReconnectBackoff, left_out
 from backends.link import LinkError
 from backends.sasl import AuthenticationFailed
+from tests.support.sockets import tcp_sockets
 
 BROKER = ("broker-1", 9092)
 OTHER = ("broker-2", 9092)
@@ -176,3 +178,44 @@ def test_state_is_the_processs_trio_runs_own() -> None:
 
     assert trio.run(fail_once) > 0
     assert trio.run(fail_once) <= 0.06, "a new run (a test's) starts with no backoff from another's clock"
+
+
+SYN_SENT = "02"  # the kernel's code for a connect whose SYN has no answer yet
+
+
+async def test_handshakes_under_way_to_one_broker_are_bounded_and_all_complete_once_it_accepts() -> None:
+    """Links opened at once to a broker whose listen backlog is full: at most CONNECTS_AT_ONCE SYNs wait on it
+    (the kernel drops those past the backlog, and each costs a retransmit of 1 s, then 3, then 7); the others
+    wait their turn in kfan, and every one of them connects once the broker accepts again. Real sockets."""
+    links = 3 * backoff.CONNECTS_AT_ONCE
+    listener = trio.socket.socket()
+    await listener.bind(("127.0.0.1", 0))
+    listener.listen(1)  # and nothing accepts yet: a broker whose acceptor is behind
+    port = listener.getsockname()[1]
+    connected: list[trio.abc.Stream] = []
+
+    def waiting_syns() -> int:
+        return sum(1 for s in tcp_sockets(os.getpid()) if s.remote_port == port and s.state == SYN_SENT)
+
+    async def open_link() -> None:
+        connected.append(await transport.BrokerSecurity().connect("127.0.0.1", port))
+
+    accepted: list[trio.socket.SocketType] = []
+    with trio.fail_after(60):
+        async with trio.open_nursery() as nursery:
+            for _ in range(links):
+                nursery.start_soon(open_link)
+            while waiting_syns() < backoff.CONNECTS_AT_ONCE:
+                await trio.sleep(0.01)
+            await trio.sleep(0.3)  # time for any SYN past the bound to go out
+            assert waiting_syns() == backoff.CONNECTS_AT_ONCE
+            assert len(connected) < links
+            while len(connected) < links:  # the broker accepts again
+                with trio.move_on_after(0.05):
+                    accepted.append((await listener.accept())[0])
+    assert len(connected) == links
+    for stream in connected:
+        await stream.aclose()
+    for sock in accepted:
+        sock.close()
+    listener.close()
