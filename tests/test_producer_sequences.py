@@ -56,7 +56,7 @@ def produce(cid: int, batches: dict[int, tuple[int, int]], epoch: int = 0) -> by
         {
             "name": TOPIC,
             "partition_data": [
-                {"index": p, "records": record_batch([b"v"], producer=(pid, epoch, seq))} for p, (pid, seq) in batches.items()
+                {"index": p, "records": record_batch([b"v"], of_producer=(pid, epoch, seq))} for p, (pid, seq) in batches.items()
             ],
         }
     ]

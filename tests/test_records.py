@@ -205,7 +205,7 @@ def test_the_producer_is_read_from_the_first_batch(
     assert kafka_records.producer(v2_batch(records, compression)) == kafka_records.NO_PRODUCER
     assert kafka_records.producer(batch[:60]) == kafka_records.NO_PRODUCER, "shorter than a batch header"
     assert kafka_records.producer(None) == kafka_records.NO_PRODUCER
-    built = kafka_records.record_batch([b"v"], producer=producer)
+    built = kafka_records.record_batch([b"v"], of_producer=producer)
     read = DefaultRecordBatch(built)
     assert read.validate_crc() and (read.producer_id, read.producer_epoch, read.base_sequence) == producer
     assert kafka_records.producer(built) == producer

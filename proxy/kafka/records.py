@@ -151,16 +151,16 @@ def _varint(n: int) -> bytes:
     return bytes(out)
 
 
-def record_batch(values: list[bytes], timestamp_ms: int = 0, *, producer: tuple[int, int, int] = NO_PRODUCER) -> bytes:
+def record_batch(values: list[bytes], timestamp_ms: int = 0, *, of_producer: tuple[int, int, int] = NO_PRODUCER) -> bytes:
     """One record batch (magic 2, uncompressed) of keyless records, CRC-32C as brokers check it.
 
-    ``producer``: its producer id, epoch and base sequence (an idempotent producer's); none by default."""
+    ``of_producer``: its producer id, epoch and base sequence (an idempotent producer's); none by default."""
     records = bytearray()
     for delta, value in enumerate(values):
         body = b"\x00" + _varint(0) + _varint(delta) + _varint(-1) + _varint(len(value)) + value + _varint(0)
         records += _varint(len(body)) + body
     n = len(values)
-    after_crc = _BATCH_AFTER_CRC.pack(0, n - 1, timestamp_ms, timestamp_ms, *producer, n) + records
+    after_crc = _BATCH_AFTER_CRC.pack(0, n - 1, timestamp_ms, timestamp_ms, *of_producer, n) + records
     # batchLength counts from partitionLeaderEpoch (4) through magic (1) and crc (4) to the end.
     head = struct.pack(">qii", 0, 4 + 1 + 4 + len(after_crc), -1) + b"\x02"
     return head + _CRC.pack(crc32c(after_crc)) + after_crc
