@@ -110,6 +110,7 @@ class Link:
         self._connect: Connect = connect if connect is not None else partial(trio.open_tcp_stream, host, port)
         # A request's parts, or what is left of one a submitter wrote in part (its bytes, to go first).
         self._send, self._queue = trio.open_memory_channel[tuple[Parts | bytes | memoryview, Pending]](math.inf)
+        self._queued = 0  # in the queue: counted here, as the channel's statistics() cost 2 us a request
         self._correlations: Correlations[Pending] = Correlations()
         self._receiver = Receiver(broker_id, self._correlations, max_frame_bytes, budget)
         self._cancel = trio.CancelScope()
@@ -137,8 +138,10 @@ class Link:
         rest = _write_at_once(direct, parts, pending) if direct is not None and trio.current_time() < self._reauthenticate_at else None
         if rest is None:
             self._send.send_nowait((parts, pending))
+            self._queued += 1
         elif rest:
             self._send.send_nowait((rest, pending))  # the writer sends the rest before anything else
+            self._queued += 1
         else:
             self._direct = direct  # all of it went: the writer still waits with nothing queued
         return pending
@@ -223,7 +226,7 @@ class Link:
         while True:
             item = None
             # A submitter may write itself only while nothing waits here to go before its request.
-            self._direct = plain if self._queue.statistics().current_buffer_used == 0 else None
+            self._direct = plain if self._queued == 0 else None
             try:
                 if self._authenticate is None:
                     item = await self._queue.receive()  # nothing to log in again for: no deadline scope (1% a request)
@@ -235,6 +238,8 @@ class Link:
                 return
             finally:
                 self._direct = None  # (and when the link is closing: nothing more is written to its stream)
+            if item is not None:
+                self._queued -= 1
             if trio.current_time() >= self._reauthenticate_at:
                 # The session is about to end (or new credentials came): log in
                 # again before the next request; those sent before are answered first.
