@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 import struct
 
 import pytest
@@ -12,7 +13,7 @@ from hypothesis import strategies as st
 from proxy.kafka.frames import MAPPED_FROM, FrameReader, frame, frame_parts
 from proxy.kafka.wire import Malformed
 from proxy.runtime import frame_io
-from proxy.runtime.frame_io import JOIN_BELOW, receive_into, send_frame
+from proxy.runtime.frame_io import JOIN_BELOW, receive_into, send_frame, send_small_now
 
 
 @settings(max_examples=300, deadline=None)
@@ -130,6 +131,22 @@ async def test_a_frame_written_as_parts_reads_back_whole_over_tcp(sizes: list[in
     await client.aclose()
     await listener.aclose()
     assert got == [b"".join(parts)]
+
+
+async def test_only_a_frame_under_join_below_is_written_at_once_and_then_whole() -> None:
+    """send_small_now writes a frame of fewer than JOIN_BELOW bytes (its size prefix included) whole, and leaves a
+    frame of JOIN_BELOW or more unwritten, for send_frame: nothing of it reaches the socket."""
+    a, b = socket.socketpair()  # b: the peer, read without trio
+    stream = trio.SocketStream(trio.socket.from_stdlib_socket(a))
+    below = [b"x" * 100, b"y" * (JOIN_BELOW - 4 - 101)]
+    assert send_small_now(stream, below) == (JOIN_BELOW - 1, b"")
+    assert b.recv(JOIN_BELOW) == frame(below)
+    assert send_small_now(stream, [b"x" * 100, b"y" * (JOIN_BELOW - 4 - 100)]) is None
+    assert send_small_now(stream, [b"z" * JOIN_BELOW, *[b"w"] * 10_000]) is None
+    with pytest.raises(BlockingIOError):
+        b.recv(1, socket.MSG_DONTWAIT)
+    await stream.aclose()
+    b.close()
 
 
 async def test_reads_that_find_bytes_waiting_still_let_other_tasks_run(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 import struct
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 import trio
 
@@ -46,7 +46,7 @@ _SIZE = struct.Struct(">i")
 _IOV_MAX = min(os.sysconf("SC_IOV_MAX") if hasattr(os, "sysconf") else 1024, 1024)
 
 
-def send_small_now(stream: trio.abc.Stream, parts: Iterable[bytes | memoryview]) -> tuple[int, bytes | memoryview] | None:
+def send_small_now(stream: trio.abc.Stream, parts: Sequence[bytes | memoryview]) -> tuple[int, bytes | memoryview] | None:
     """A small frame on a plain socket, written as far as the socket takes it at once: the frame's size and
     what is left to write (empty: all of it went), for :func:`send_rest`. None: not such a frame, nothing
     written (:func:`send_frame` writes it).
@@ -55,16 +55,24 @@ def send_small_now(stream: trio.abc.Stream, parts: Iterable[bytes | memoryview])
     write (a pass of the event loop per frame), and its caller's deadline scope costs as much again.
     A broken socket is None too: :func:`send_frame` then meets the failure where it is waited for.
     """
-    if not isinstance(stream, trio.SocketStream):
-        return None
+    if not isinstance(stream, trio.SocketStream) or not _smaller_than(parts, JOIN_BELOW - _SIZE.size):
+        return None  # (a large frame: summed only this far, and framed once, by send_frame)
     framed = frame_parts(parts)
     total = 4 + _SIZE.unpack(framed[0])[0]
-    if total >= JOIN_BELOW:
-        return None
     try:
         return total, _write_now(stream, b"".join(framed))
     except trio.BrokenResourceError:
         return None
+
+
+def _smaller_than(parts: Sequence[bytes | memoryview], limit: int) -> bool:
+    """Whether ``parts`` hold fewer than ``limit`` bytes, summed only until they reach it."""
+    size = 0
+    for part in parts:
+        size += len(part)
+        if size >= limit:
+            return False
+    return True
 
 
 def _write_now(stream: trio.SocketStream, data: bytes) -> bytes | memoryview:
