@@ -90,6 +90,12 @@ class Correlations(Generic[T]):
         self._unanswered.clear()
         return waiters
 
+    def last_waiter(self) -> T | None:
+        """Who waits for the answer to the request submitted last of those still waiting; None: nobody waits."""
+        if not self._waiting:
+            return None
+        return next(reversed(self._waiting.values()))[1]
+
     @property
     def waiting(self) -> int:
         """How many requests wait for an answer."""

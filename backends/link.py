@@ -149,6 +149,13 @@ class Link:
     def close(self) -> None:
         self._cancel.cancel()
 
+    async def answered(self) -> None:
+        """Until every request submitted so far that expects an answer has it, or the link failed (a broker
+        answers in order: the last one's answer is enough)."""
+        last = self._correlations.last_waiter()
+        if last is not None:
+            await last.answered()
+
     def reauthenticate(self) -> None:
         """Log in again before the next request (new credentials); what is in flight is unaffected."""
         if self._authenticate is None:

@@ -134,6 +134,8 @@ class LinkPool:
             connect=connect,
             authenticate=security.login(broker, self._credentials),
         )
+        if lane is Lane.SHARED:
+            self._retire_shared()
         self._links[(broker, lane)] = link
         self._nursery.start_soon(link.run)
         self._nursery.start_soon(transport.settle, attempt, link)
@@ -151,6 +153,14 @@ class LinkPool:
             await trio.sleep_until(min(deadline, trio.current_time() + max(wait, 0.02)))
             link = self.link(broker, lane)
         return link
+
+    def _retire_shared(self) -> None:
+        """A SHARED link opens to a new "any broker": the one to the earlier one closes once its requests are
+        answered (within the request timeout), so a client holds one SHARED link, whichever broker it asks."""
+        for key in [key for key in self._links if key[1] is Lane.SHARED]:
+            old = self._links.pop(key)
+            if old.failed is None:
+                self._nursery.start_soon(_close_when_answered, old, self.cluster.request_timeout)
 
     def reauthenticate(self) -> None:
         """The client logged in again: every open link logs in with its new credentials before its next request."""
@@ -192,6 +202,12 @@ class _AsTheClient:
             raise
         pending.release()
         return payload
+
+
+async def _close_when_answered(link: Link, patience: float) -> None:
+    with trio.move_on_after(patience):
+        await link.answered()
+    link.close()
 
 
 def _bound(connect: BrokerConnect, broker: Broker) -> Callable[[], Awaitable[trio.abc.Stream]]:
