@@ -36,6 +36,19 @@ def frame_parts(parts: Iterable[bytes | memoryview]) -> Parts:
     return [_SIZE.pack(sum(len(p) for p in payload)), *payload]
 
 
+def small_frame(parts: Iterable[bytes | memoryview], below: int) -> bytes | None:
+    """The frame joined, when it is smaller than ``below`` bytes (its size prefix included); None for a larger
+    one, whose parts are summed only as far as ``below``."""
+    payload: Parts = []
+    size, limit = 0, below - _SIZE.size
+    for part in parts:
+        size += len(part)
+        if size >= limit:
+            return None
+        payload.append(part)
+    return b"".join([_SIZE.pack(size), *payload])
+
+
 def frame(parts: Iterable[bytes | memoryview]) -> bytes:
     """The frame as one bytes object, for writers that cannot gather (tests, replay, TLS)."""
     return b"".join(frame_parts(parts))

@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import os
 import struct
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 
 import trio
 
-from proxy.kafka.frames import MAPPED_FROM, FrameReader, frame_parts
+from proxy.kafka.frames import MAPPED_FROM, FrameReader, frame_parts, small_frame
 from proxy.runtime import mapped
 
 # Below this a frame is joined: one copy of a few KiB costs less than a scatter list.
@@ -46,7 +46,7 @@ _SIZE = struct.Struct(">i")
 _IOV_MAX = min(os.sysconf("SC_IOV_MAX") if hasattr(os, "sysconf") else 1024, 1024)
 
 
-def send_small_now(stream: trio.abc.Stream, parts: Sequence[bytes | memoryview]) -> tuple[int, bytes | memoryview] | None:
+def send_small_now(stream: trio.abc.Stream, parts: Iterable[bytes | memoryview]) -> tuple[int, bytes | memoryview] | None:
     """A small frame on a plain socket, written as far as the socket takes it at once: the frame's size and
     what is left to write (empty: all of it went), for :func:`send_rest`. None: not such a frame, nothing
     written (:func:`send_frame` writes it).
@@ -55,24 +55,15 @@ def send_small_now(stream: trio.abc.Stream, parts: Sequence[bytes | memoryview])
     write (a pass of the event loop per frame), and its caller's deadline scope costs as much again.
     A broken socket is None too: :func:`send_frame` then meets the failure where it is waited for.
     """
-    if not isinstance(stream, trio.SocketStream) or not _smaller_than(parts, JOIN_BELOW - _SIZE.size):
-        return None  # (a large frame: summed only this far, and framed once, by send_frame)
-    framed = frame_parts(parts)
-    total = 4 + _SIZE.unpack(framed[0])[0]
+    if not isinstance(stream, trio.SocketStream):
+        return None
+    data = small_frame(parts, JOIN_BELOW)
+    if data is None:
+        return None  # a large frame, framed once, by send_frame
     try:
-        return total, _write_now(stream, b"".join(framed))
+        return len(data), _write_now(stream, data)
     except trio.BrokenResourceError:
         return None
-
-
-def _smaller_than(parts: Sequence[bytes | memoryview], limit: int) -> bool:
-    """Whether ``parts`` hold fewer than ``limit`` bytes, summed only until they reach it."""
-    size = 0
-    for part in parts:
-        size += len(part)
-        if size >= limit:
-            return False
-    return True
 
 
 def _write_now(stream: trio.SocketStream, data: bytes) -> bytes | memoryview:
