@@ -10,7 +10,7 @@ import trio
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from proxy.kafka.frames import MAPPED_FROM, FrameReader, frame, frame_parts
+from proxy.kafka.frames import MAPPED_FROM, FrameReader, frame, frame_parts, small_frame
 from proxy.kafka.wire import Malformed
 from proxy.runtime import frame_io
 from proxy.runtime.frame_io import JOIN_BELOW, receive_into, send_frame, send_small_now
@@ -106,6 +106,13 @@ def test_exactly_one_size_prefix_whatever_the_parts() -> None:
     parts = [b"ab", memoryview(b"cde"), b""]
     assert frame_parts(parts) == [struct.pack(">i", 5), *parts]
     assert frame(parts) == struct.pack(">i", 5) + b"abcde"
+
+
+@given(st.lists(st.binary(max_size=300), max_size=12), st.integers(min_value=4, max_value=2000))
+def test_a_small_frame_is_the_frame_joined_and_a_larger_one_is_none(payload: list[bytes], below: int) -> None:
+    parts = [memoryview(p) if i % 2 else p for i, p in enumerate(payload)]
+    whole = frame(parts)
+    assert small_frame(parts, below) == (whole if len(whole) < below else None)
 
 
 @pytest.mark.parametrize("sizes", [[10, 20], [JOIN_BELOW, 3, 2_000_000, 1, 70_000] + [7] * 1500])

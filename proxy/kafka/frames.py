@@ -46,7 +46,7 @@ def small_frame(parts: Iterable[bytes | memoryview], below: int) -> bytes | None
         if size >= limit:
             return None
         payload.append(part)
-    return b"".join([_SIZE.pack(size), *payload])
+    return None if size >= limit else b"".join([_SIZE.pack(size), *payload])
 
 
 def frame(parts: Iterable[bytes | memoryview]) -> bytes:
