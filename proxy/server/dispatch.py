@@ -133,8 +133,9 @@ class Dispatcher:
         """Ask another broker what any broker may answer (``failed``: the first one's); None when there is none to ask."""
         avoid: int | None = None
         if isinstance(failed, Pending) and isinstance(failed.failure, LinkClosed):
-            # Another client's request it shared (backends.flights): that client left, the broker is fine.
-            broker: int | None = failed.broker
+            # Another client's request it shared (backends.flights): that client left, no broker failed. Asked of
+            # this client's own "any broker": a SHARED link to the other one would retire its own (backends.links).
+            broker: int | None = self.links.default_broker()
         else:
             avoid = failed.broker if isinstance(failed, Pending) else None
             broker = self.links.another_broker(avoid)
