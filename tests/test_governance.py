@@ -24,6 +24,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from proxy.runtime.audit import Audit, FileSink
 from proxy.security.users import add_user
 from proxy.server.governance import ClientGovernance, Governance
+from tests.support.json_lines import whole_json_lines
 from tests.support.kfan import Kfan, kfan_at
 from tests.support.metrics import http_get, metrics_port_in, parse_samples
 from tests.support.tansu import Tansu
@@ -83,7 +84,7 @@ def _config(k: Kfan, user: str) -> dict[str, Any]:
 
 
 def _events(path: Path) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in path.read_text().splitlines() if line]
+    return whole_json_lines(path)  # kfan may be writing the last line
 
 
 def _create(admin: AdminClient, topic: str) -> KafkaError | None:

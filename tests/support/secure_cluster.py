@@ -32,6 +32,7 @@ from cryptography.hazmat.primitives.asymmetric import rsa
 from proxy.tools.mock_cluster import MockCluster
 from tests.support import ROOT
 from tests.support.certs import Authority, PemFiles
+from tests.support.json_lines import whole_json_lines
 from tests.support.processes import follow_output, stop_process
 from tests.support.sasl_front import MECHANISMS
 from tests.support.stunnel import Stunnel, start_stunnel
@@ -195,13 +196,9 @@ class SecureCluster:
         """Every front's events (JSON lines, plus "broker": id), in time order; ``event``: only that kind."""
         out: list[dict[str, Any]] = []
         for broker, path in self.event_files.items():
-            text = path.read_text()
-            # A front may be writing its last line as we read: only whole lines are events.
-            for line in text[: text.rfind("\n") + 1].splitlines():
-                if line.strip():
-                    record = json.loads(line)
-                    if event is None or record["event"] == event:
-                        out.append({**record, "broker": broker})
+            for record in whole_json_lines(path):  # a front may be writing its last line as we read
+                if event is None or record["event"] == event:
+                    out.append({**record, "broker": broker})
         return sorted(out, key=lambda r: r["time"])
 
     def front_output(self) -> str:
