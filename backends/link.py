@@ -190,21 +190,7 @@ class Link:
                 finally:
                     connected.dec()
             except Exception as e:  # any failure of a link is that link's end
-                leaf = _leaf(e)
-                expected = isinstance(leaf, (OSError, trio.TooSlowError, trio.BrokenResourceError, Malformed, LinkError))
-                # One line per broker per interval: an outage fails every link to it, over and over.
-                left_out = backoff.failure_log().note(self.address)
-                if left_out is not None:
-                    log.info(
-                        "link to broker %s %s:%s failed: %r%s",
-                        self.broker_id,
-                        *self.address,
-                        leaf,
-                        backoff.left_out(left_out),
-                        exc_info=not expected,
-                    )
-                reason = leaf if isinstance(leaf, LinkError) else LinkError(f"broker {self.broker_id}: {leaf!r}")
-                self._fail(reason)
+                self._fail(_failure(self.broker_id, self.address, e))
                 return
         self._fail(LinkError(f"link to broker {self.broker_id} closed"))
 
@@ -282,6 +268,17 @@ class Link:
             return await pending.wait()
         finally:
             pending.release()  # a login answer, read at once
+
+
+def _failure(broker_id: int, address: tuple[str, int], e: Exception) -> LinkError:
+    """What ended a link, logged (with a traceback when it is not a broker's or a network's failure)."""
+    leaf = _leaf(e)
+    expected = isinstance(leaf, (OSError, trio.TooSlowError, trio.BrokenResourceError, Malformed, LinkError))
+    # One line per broker per interval: an outage fails every link to it, over and over.
+    left_out = backoff.failure_log().note(address)
+    if left_out is not None:
+        log.info("link to broker %s %s:%s failed: %r%s", broker_id, *address, leaf, backoff.left_out(left_out), exc_info=not expected)
+    return leaf if isinstance(leaf, LinkError) else LinkError(f"broker {broker_id}: {leaf!r}")
 
 
 def _write_at_once(stream: trio.SocketStream, parts: Parts, pending: Pending) -> bytes | memoryview | None:
