@@ -20,6 +20,7 @@ from backends.backoff import Attempt, FailureLog, ReconnectBackoff, left_out
 from backends.link import LinkError
 from backends.sasl import AuthenticationFailed
 from tests.support.sockets import tcp_sockets
+from tests.support.waiting import wait_for_async
 
 BROKER = ("broker-1", 9092)
 OTHER = ("broker-2", 9092)
@@ -205,8 +206,7 @@ async def test_handshakes_under_way_to_one_broker_are_bounded_and_all_complete_o
         async with trio.open_nursery() as nursery:
             for _ in range(links):
                 nursery.start_soon(open_link)
-            while waiting_syns() < backoff.CONNECTS_AT_ONCE:
-                await trio.sleep(0.01)
+            await wait_for_async("the first handshakes to wait on the full backlog", lambda: waiting_syns() >= backoff.CONNECTS_AT_ONCE)
             await trio.sleep(0.3)  # time for any SYN past the bound to go out
             assert waiting_syns() == backoff.CONNECTS_AT_ONCE
             assert len(connected) < links

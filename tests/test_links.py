@@ -6,17 +6,12 @@ from __future__ import annotations
 import trio
 
 from backends.cluster import Cluster
-from backends.link import Link, LinkError, own_request
+from backends.link import LinkError, own_request
 from backends.links import Lane, LinkPool
 from backends.reads import read_metadata
 from proxy.kafka import apis
 from proxy.tools.mock_cluster import MockCluster
-
-
-async def _wait_closed(link: Link, seconds: float) -> None:
-    with trio.fail_after(seconds):
-        while link.failed is None:
-            await trio.sleep(0.01)
+from tests.support.waiting import wait_for_async
 
 
 async def test_a_client_holds_one_shared_link_and_an_earlier_one_closes_once_answered() -> None:
@@ -41,7 +36,7 @@ async def test_a_client_holds_one_shared_link_and_an_earlier_one_closes_once_ans
             with trio.fail_after(10):
                 answer = read_metadata(await owed.wait(), version)
             assert {b["node_id"] for b in answer["brokers"]} == {1, 2, 3}, "the answer owed came in whole"
-            await _wait_closed(first, 10)
+            await wait_for_async("the SHARED link to broker 1 to close", lambda: first.failed is not None, 10)
             assert pool.link(2, Lane.SHARED) is second and second.failed is None
             main = pool.link(1, Lane.MAIN)
             assert main is not None and main is not first, "the other lanes keep a link per broker"
@@ -50,7 +45,7 @@ async def test_a_client_holds_one_shared_link_and_an_earlier_one_closes_once_ans
             unanswered = second.submit(metadata)
             third = pool.link(3, Lane.SHARED)
             assert third is not None
-            await _wait_closed(second, 10)
+            await wait_for_async("the SHARED link to broker 2 to close", lambda: second.failed is not None, 10)
             assert isinstance(unanswered.failure, LinkError), "told, not left waiting"
             assert main.failed is None, "a MAIN link is not the SHARED lane's"
             nursery.cancel_scope.cancel()
