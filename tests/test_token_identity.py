@@ -16,8 +16,10 @@ from pathlib import Path
 import pytest
 from confluent_kafka import KafkaError, Producer
 
+from backends.tokens import TokenRefused
+from proxy.kafka import errors
 from proxy.security.users import add_user
-from proxy.server.token_identity import EXPIRE_WITHIN_S
+from proxy.server.token_identity import EXPIRE_WITHIN_S, TOKEN_KNOWN_WITHIN_S, worth_expiring_again
 from tests.support.apache_kafka.cluster import KafkaCluster
 from tests.support.apache_kafka.security import SCRAM, kfan_to_brokers
 from tests.support.apache_kafka.tools import run_tool
@@ -178,3 +180,18 @@ def test_delegation_tokens_are_made_described_and_expired_through_kfan(
     )
     assert "Completed expire operation" in expired.out, expired.out
     wait_for("the token to be gone", lambda: not described(), 30)
+
+
+@pytest.mark.parametrize(
+    ("code", "made_ago", "again"),
+    [
+        # The controller learns a new token from the metadata log a moment after making it: "not found" then passes.
+        (errors.DELEGATION_TOKEN_NOT_FOUND, 0.3, True),
+        (errors.DELEGATION_TOKEN_NOT_FOUND, TOKEN_KNOWN_WITHIN_S + 1, False),
+        (errors.REQUEST_TIMED_OUT, TOKEN_KNOWN_WITHIN_S + 1, True),
+        (None, TOKEN_KNOWN_WITHIN_S + 1, True),  # no broker answered
+        (errors.DELEGATION_TOKEN_REQUEST_NOT_ALLOWED, 0.3, False),
+    ],
+)
+def test_an_expiry_is_asked_again_while_it_may_succeed(code: int | None, made_ago: float, again: bool) -> None:
+    assert worth_expiring_again(TokenRefused("refused", code), made_ago) is again

@@ -22,6 +22,7 @@ import trio
 
 from backends.cluster import Cluster
 from backends.tokens import Token, TokenRefused, create_token, expire_token, known_everywhere, renew_token
+from proxy.kafka import errors
 from proxy.runtime.logtext import printable
 from proxy.security.sasl import Credentials
 
@@ -35,6 +36,15 @@ RENEW_RETRY_S = 10.0
 TOKEN_KNOWN_WITHIN_S = 10.0  # how long a new token may take to reach every broker before the client is logged in anyway
 
 
+def worth_expiring_again(refused: TokenRefused, made_ago: float) -> bool:
+    """Whether an expiry the brokers refused may succeed when asked again: a passing refusal, or a token "not found"
+    just after it was made. The controller judges an expiry by its own token cache, which learns a new token only
+    when the metadata log's change is published to it, a moment after the token was made (the brokers may know it
+    before then)."""
+    new = made_ago < TOKEN_KNOWN_WITHIN_S
+    return refused.passing or (new and refused.code == errors.DELEGATION_TOKEN_NOT_FOUND)
+
+
 class TokenIdentity:
     """The delegation token one client connection's links log in with."""
 
@@ -45,6 +55,7 @@ class TokenIdentity:
         # kfan's own user name at the brokers, when it has one (an OAUTHBEARER token has none): it renews and expires.
         self.renewer = (kfan().username or None) if kfan is not None else None
         self.token: Token | None = None
+        self.made_at = -math.inf  # trio time the token was made at
         self.nursery: trio.Nursery | None = None  # the connection's, once it runs: the renewals run there
 
     def _brokers(self) -> list[int]:
@@ -56,6 +67,7 @@ class TokenIdentity:
         if self.token is None:
             try:
                 self.token = await create_token(self.cluster.control, self._brokers(), principal, self.renewer)
+                self.made_at = trio.current_time()
             except TokenRefused as e:
                 return f"no delegation token for User:{printable(principal)}: {e}"
             log.info("%s: delegation token %s made for User:%s", self.client, self.token.token_id, printable(principal))
@@ -87,7 +99,8 @@ class TokenIdentity:
 
     async def expire(self) -> None:
         """The client left: its token goes too (shielded, within :data:`EXPIRE_WITHIN_S`). A broker that could not
-        reach the controller in time is asked again: a token left behind would stay valid until it lapses."""
+        reach the controller in time is asked again, and so is a controller that does not know a new token yet: a
+        token left behind would stay valid until it lapses."""
         token, self.token = self.token, None
         if token is None:
             return
@@ -98,7 +111,7 @@ class TokenIdentity:
                     await expire_token(self.cluster.control, self._brokers(), token.hmac)
                 except TokenRefused as e:
                     why = str(e)
-                    if not e.passing:
+                    if not worth_expiring_again(e, trio.current_time() - self.made_at):
                         break
                     await trio.sleep(EXPIRE_RETRY_S)
                     continue
