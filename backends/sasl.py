@@ -17,6 +17,8 @@ import logging
 from collections.abc import Callable
 from typing import TypeVar
 
+import trio
+
 from proxy.kafka import apis, errors
 from proxy.kafka.headers import decode_response
 from proxy.kafka.wire import Malformed
@@ -68,6 +70,10 @@ class SaslLogin:
             return lifetime
         except Malformed as e:
             raise AuthenticationFailed(self.broker, mechanism, f"unreadable answer: {e}") from None
+        except trio.Cancelled:
+            # The link's client left, or its link was retired, while it logged in: nothing failed.
+            result = "abandoned"
+            raise
         finally:
             metrics.BROKER_AUTHENTICATIONS.labels(str(self.broker), mechanism, result).inc()
 

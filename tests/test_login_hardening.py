@@ -259,6 +259,36 @@ def test_kfans_own_scram_steps_run_in_worker_threads(users_file: Path, monkeypat
     assert in_threads == [True, True], "both SCRAM steps (the key derivation, the server's signature) in worker threads"
 
 
+def test_a_broker_login_cut_short_is_counted_abandoned_not_failed() -> None:
+    """A link closed while it logs in (its client left) is no failed login: the counter of failed ones is what
+    operators alert on, and the chart's secured-cluster test asserts it stays at zero."""
+    from prometheus_client import REGISTRY
+
+    from backends.link import LinkError
+    from backends.sasl import SaslLogin
+
+    def count(result: str) -> float:
+        labels = {"broker": "7", "mechanism": "SCRAM-SHA-512", "result": result}
+        return REGISTRY.get_sample_value("kfan_broker_authentications_total", labels) or 0.0
+
+    async def unanswered(api_key: int, version: int, body: Any) -> bytes:
+        await trio.sleep_forever()
+        raise AssertionError("unreachable")
+
+    async def broken(api_key: int, version: int, body: Any) -> bytes:
+        raise LinkError("the broker closed the connection")
+
+    async def main() -> None:
+        with trio.move_on_after(0.05):
+            await SaslLogin(7, lambda: Credentials("SCRAM-SHA-512", "alice", "alice-secret"))(unanswered)
+        with pytest.raises(LinkError):
+            await SaslLogin(7, lambda: Credentials("SCRAM-SHA-512", "alice", "alice-secret"))(broken)
+
+    before = count("abandoned"), count("failed")
+    trio.run(main)
+    assert (count("abandoned"), count("failed")) == (before[0] + 1, before[1] + 1)
+
+
 # --- the carried identity's re-authentication ------------------------------------------------
 
 

@@ -73,7 +73,8 @@ AUTHENTICATIONS = Counter(
 )
 BROKER_AUTHENTICATIONS = Counter(
     "kfan_broker_authentications",
-    "kfan's SASL authentications on its broker links, by broker, mechanism and result (ok, reauthenticated, failed)",
+    "kfan's SASL authentications on its broker links, by broker, mechanism and result (ok, reauthenticated, failed, "
+    "abandoned: the link was closed while it logged in)",
     ["broker", "mechanism", "result"],
 )
 BROKER_CONNECTS = Counter(
