@@ -8,39 +8,40 @@ import subprocess
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import helm_python as helm
 import yaml
 
+from tests.support import ROOT
 from tests.support.kfan import SERVING
 from tests.support.metrics import http_get
 from tests.support.processes import follow_output, free_port, stop_process
 from tests.support.waiting import wait_for
 
-ROOT = Path(__file__).resolve().parent.parent.parent
 CHART = ROOT / "charts" / "kfan"
 RELEASE, NAMESPACE = "prod", "streaming"
 # The one value the chart requires: the brokers to bootstrap from.
 BASE: dict[str, Any] = {"kafka": {"bootstrap": "kafka-0.kafka-headless.kafka.svc:9092,kafka-1.kafka-headless.kafka.svc:9092"}}
 
 
+def _manifests(values: dict[str, Any], name: str = RELEASE, namespace: str = NAMESPACE) -> dict[str, str]:
+    """`helm template`: each rendered file's text, by its path in the chart."""
+    with helm.Chart.load(CHART) as chart:
+        return chart.render(values, name=name, namespace=namespace)
+
+
 def render(values: dict[str, Any] | None = None, *, name: str = RELEASE, namespace: str = NAMESPACE) -> list[dict[str, Any]]:
     """`helm template`: the rendered objects (NOTES.txt aside)."""
-    with helm.Chart.load(CHART) as chart:
-        manifests = chart.render(values or {}, name=name, namespace=namespace)
     docs: list[dict[str, Any]] = []
-    for path, text in sorted(manifests.items()):
+    for path, text in sorted(_manifests(values or {}, name, namespace).items()):
         if not path.endswith("NOTES.txt"):
             docs += [d for d in yaml.safe_load_all(text) if d]
     return docs
 
 
 def notes(values: dict[str, Any]) -> str:
-    with helm.Chart.load(CHART) as chart:
-        manifests = chart.render(values, name=RELEASE, namespace=NAMESPACE)
-    return manifests["kfan/templates/NOTES.txt"]
+    return _manifests(values)["kfan/templates/NOTES.txt"]
 
 
 def one(docs: list[dict[str, Any]], kind: str, name_suffix: str = "") -> dict[str, Any]:
