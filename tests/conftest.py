@@ -156,6 +156,18 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     scheduling.arrange(items)
 
 
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[pytest.TestReport]:
+    """A failed test shows the tail of the log of each kfan it was given as a fixture: a kfan shared by a module or
+    the session outlives the failure, so nothing else would show what it did then."""
+    report: pytest.TestReport = yield
+    if report.failed and call.when == "call":
+        for name, value in getattr(item, "funcargs", {}).items():
+            if isinstance(value, Kfan):
+                report.sections.append((f"{name}'s log (tail)", "".join(value.log[-150:])))
+    return report
+
+
 _topics = iter(range(1, 1_000_000))
 
 
