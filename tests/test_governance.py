@@ -83,10 +83,6 @@ def _config(k: Kfan, user: str) -> dict[str, Any]:
     }
 
 
-def _events(path: Path) -> list[dict[str, Any]]:
-    return whole_json_lines(path)  # kfan may be writing the last line
-
-
 def _create(admin: AdminClient, topic: str) -> KafkaError | None:
     try:
         admin.create_topics([NewTopic(topic, 1, 1)], operation_timeout=10)[topic].result(30)
@@ -124,7 +120,7 @@ def test_acls_judge_each_client_and_the_audit_log_says_who_did_what(governed: tu
     del producer, alice, bob
 
     def requests_logged() -> list[dict[str, Any]]:
-        return [e for e in _events(audit) if e["event"] == "request" and any(r["name"] == topic for r in e["resources"])]
+        return [e for e in whole_json_lines(audit) if e["event"] == "request" and any(r["name"] == topic for r in e["resources"])]
 
     wait_for("the audit events of alice's requests", lambda: {e["api"] for e in requests_logged()} >= {"CreateTopics", "DeleteTopics"}, 20)
     by_api = {e["api"]: e for e in requests_logged()}
@@ -135,12 +131,12 @@ def test_acls_judge_each_client_and_the_audit_log_says_who_did_what(governed: tu
     assert {"type": "TOPIC", "name": topic, "operation": "DELETE", "allowed": False} in deleted["resources"]
     assert created["bytes_in"] > 0 and created["bytes_out"] > 0 and created["latency_ms"] >= 0
     assert "Produce" not in by_api  # the data path is not audited by default
-    events = _events(audit)
+    events = whole_json_lines(audit)
     opened = [e for e in events if e["event"] == "connection.authenticated" and e["principal"] == "User:bob"]
     assert opened and opened[0]["mechanism"] == "PLAIN"
     wait_for(
         "connections closed in the audit log",
-        lambda: any(e["event"] == "connection.closed" and e["principal"] == "User:bob" for e in _events(audit)),
+        lambda: any(e["event"] == "connection.closed" and e["principal"] == "User:bob" for e in whole_json_lines(audit)),
         20,
     )
     text = audit.read_text()
@@ -186,7 +182,7 @@ def test_sighup_reopens_the_audit_log_after_logrotate_moved_it(governed: tuple[K
     assert _create(AdminClient(_config(k, "alice")), f"gov-{uuid.uuid4().hex[:8]}") is None
     wait_for(
         "a new audit file",
-        lambda: audit.exists() and any(e["api"] == "CreateTopics" for e in _events(audit) if e["event"] == "request"),
+        lambda: audit.exists() and any(e["api"] == "CreateTopics" for e in whole_json_lines(audit) if e["event"] == "request"),
         20,
     )
 

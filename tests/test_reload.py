@@ -174,19 +174,20 @@ def test_sixty_seconds_of_traffic_through_ten_reloads(apache_kafka: KafkaCluster
             assert status == 200
             return dict(parse_samples(text).get(name, []))
 
+        def ended() -> int:
+            """Client connections that logged in and are gone (each one logs in)."""
+            logins = samples("kfan_authentications_total")['{mechanism="PLAIN",result="ok"}']
+            return int(logins - samples("kfan_client_connections")[""])
+
         def connections_ended() -> int:
-            """Client connections that logged in and are gone (each one logs in), read until two reads 0.5 s apart
-            agree: a connection being opened counts as open before it logs in."""
+            """:func:`ended`, read until two reads 0.5 s apart agree: a connection being opened counts as open
+            before it logs in."""
 
             def agreed() -> tuple[int] | None:
-                def ended() -> float:
-                    logins = samples("kfan_authentications_total")['{mechanism="PLAIN",result="ok"}']
-                    return logins - samples("kfan_client_connections")[""]
-
                 first = ended()
                 time.sleep(0.5)
                 second = ended()
-                return (int(second),) if first == second else None
+                return (second,) if first == second else None
 
             return wait_for("the client connections to settle", agreed, 20)[0]
 
