@@ -403,6 +403,21 @@ def test_harness_reports_slow_calls_hangs_and_broken_outputs() -> None:
     assert [sig[3] for sig in tally.counts if sig[1] == "slow"] == ["Spin"]  # the signature keeps the API name
 
 
+def test_harness_allows_a_huge_input_time_in_proportion_to_its_size() -> None:
+    """Linear work on megabytes is not the quadratic work the slow bound is for; the same spin on a small input is."""
+    tally = Tally()
+
+    def spin() -> None:
+        end = time.thread_time() + 0.05
+        while time.thread_time() < end:
+            pass
+
+    check(tally, "t", 1, dict, (), spin, slow_seconds=0.01, input_bytes=100_000, label=lambda: "Huge v0")
+    assert not tally.counts, tally.report()
+    check(tally, "t", 2, dict, (), spin, slow_seconds=0.01, input_bytes=1_000, label=lambda: "Small v0")
+    assert [sig[1:4:2] for sig in tally.counts] == [("slow", "Small")]
+
+
 def test_mutators_are_deterministic_and_reach_what_they_claim() -> None:
     base = mutate.valid_requests()[100]
     assert mutate.mutate(base, random.Random(5)) == mutate.mutate(base, random.Random(5))

@@ -20,7 +20,7 @@ import time
 from concurrent.futures import ProcessPoolExecutor
 
 from . import broker_answers, client_frames, held_state, sasl
-from .harness import HANG_SECONDS, SLOW_SECONDS, Tally
+from .harness import HANG_SECONDS, SLOW_SECONDS, SLOW_SECONDS_PER_MB, Tally
 
 
 def _work(job: tuple[str, str, int, int, int, float | None, float]) -> tuple[Tally, int]:
@@ -74,7 +74,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     limit = f" (at most {args.seconds} s per target)" if args.seconds is not None else ""
     print(
-        f"fuzz campaign: seed {args.seed!r}, {counts}{limit}, {jobs} processes, slow > {SLOW_SECONDS} s, watchdog {args.hang} s", flush=True
+        f"fuzz campaign: seed {args.seed!r}, {counts}{limit}, {jobs} processes, slow > {SLOW_SECONDS} s (+{SLOW_SECONDS_PER_MB} s per MB of a huge input), watchdog {args.hang} s",
+        flush=True,
     )
     started = time.monotonic()
     total = Tally()

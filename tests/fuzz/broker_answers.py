@@ -399,16 +399,18 @@ LARGE_MERGE = "merge_large"
 
 
 def large_campaign(tally: Tally, hang_seconds: float = HANG_SECONDS, only: Callable[[bytes], bool] | None = None) -> None:
-    """Huge valid requests (16,000 groups, partitions, topics...) planned and merged once each: any slow one is quadratic work."""
+    """Huge valid requests (16,000 groups, partitions, topics...) planned and merged once each: any slow one is quadratic work
+    (the bound allows for linear work on their megabytes)."""
     from .client_frames import fuzz_plan
 
     for i, request in enumerate(large_requests()):
         if only is not None and not only(request):
             continue
-        ok, plan = fuzz_plan(tally, LARGE_PLAN, i, request, hang_seconds)
+        ok, plan = fuzz_plan(tally, LARGE_PLAN, i, request, hang_seconds, input_bytes=len(request))
         if not ok or not isinstance(plan, Forward) or not plan.subs:
             continue
         answers = valid_answers(plan, random.Random(f"large answers {i}"), lean=True)
+        size = len(request) + sum(len(a.payload) for a in answers.values())
         tally.count(LARGE_MERGE)
         check(
             tally,
@@ -418,6 +420,7 @@ def large_campaign(tally: Tally, hang_seconds: float = HANG_SECONDS, only: Calla
             MERGE_ALLOWED,
             lambda p=plan, a=answers: merge(p, a, {}),  # type: ignore[misc]
             hang_seconds=hang_seconds,
+            input_bytes=size,
             label=lambda r=request: api_label(r),  # type: ignore[misc]
         )
 

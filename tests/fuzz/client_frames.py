@@ -184,7 +184,7 @@ def _offered_buffer(reader: FrameReader) -> memoryview | None:
     return buffer
 
 
-def fuzz_plan(tally: Tally, target: str, index: int, request: bytes, hang_seconds: float) -> tuple[bool, Any]:
+def fuzz_plan(tally: Tally, target: str, index: int, request: bytes, hang_seconds: float, input_bytes: int = 0) -> tuple[bool, Any]:
     """Plan one request frame as the connection does, counted and checked under ``target``."""
     tally.count(target)
     return check(
@@ -195,6 +195,7 @@ def fuzz_plan(tally: Tally, target: str, index: int, request: bytes, hang_second
         ALLOWED,
         lambda: plan_frame(request),
         hang_seconds=hang_seconds,
+        input_bytes=input_bytes,
         label=lambda: api_label(request),
     )
 

@@ -23,6 +23,9 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
 SLOW_SECONDS = 1.0  # any single plan or merge taking more CPU time than this is a finding
+# ...plus this much per MB of input: decoding and encoding a huge valid input runs at about 1 µs a byte,
+# linear work; quadratic work on the 16,000 elements of such an input costs minutes, far past the bound.
+SLOW_SECONDS_PER_MB = 2.0
 HANG_SECONDS = 20.0  # the watchdog (wall clock) stops a call after this long
 KEEP = 3  # reproducers kept per signature
 
@@ -163,12 +166,14 @@ def check(
     *,
     hang_seconds: float = HANG_SECONDS,
     slow_seconds: float = SLOW_SECONDS,
+    input_bytes: int = 0,
     label: Callable[[], str] | None = None,
 ) -> tuple[bool, Any]:
     """Run ``fn`` once under the contract; returns (it returned normally, its result).
 
     Allowed exceptions are outcomes, not findings; anything else, a hang or a
-    slow call is recorded in ``tally``. Hangs and slow calls are grouped by
+    slow call (over ``slow_seconds``, plus :data:`SLOW_SECONDS_PER_MB` for each MB of
+    ``input_bytes``) is recorded in ``tally``. Hangs and slow calls are grouped by
     ``label()`` (what the input is, e.g. its API), not by where the watchdog
     happened to interrupt them.
     """
@@ -196,7 +201,7 @@ def check(
             where, message = (label() if label else "?"), f"{message}, interrupted at {where}"
         tally.add(Finding(target, kind, message, where, reproducer(), trace, seconds, case))
         return False, None
-    if cpu > slow_seconds:
+    if cpu > slow_seconds + SLOW_SECONDS_PER_MB * input_bytes / 1e6:
         tally.add(Finding(target, "slow", f"Slow: {cpu:.2f} s of CPU", label() if label else "?", reproducer(), "", cpu, case))
     return ok, result
 
