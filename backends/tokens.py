@@ -28,12 +28,12 @@ from .coordinators import ANSWER_FAILURES
 TOKEN_ERRORS = {
     errors.REQUEST_TIMED_OUT: "the broker could not reach the controller in time",
     errors.NOT_CONTROLLER: "the broker asked was not the controller",
-    61: "delegation tokens are not enabled at the brokers (delegation.token.secret.key)",
+    errors.DELEGATION_TOKEN_AUTH_DISABLED: "delegation tokens are not enabled at the brokers (delegation.token.secret.key)",
     errors.DELEGATION_TOKEN_NOT_FOUND: "the token is not found",
-    63: "kfan is neither the token's owner nor a renewer",
+    errors.DELEGATION_TOKEN_OWNER_MISMATCH: "kfan is neither the token's owner nor a renewer",
     errors.DELEGATION_TOKEN_REQUEST_NOT_ALLOWED: "delegation token requests are not allowed on kfan's connection to the brokers (it must log in with SASL)",
-    65: "kfan's principal may not create tokens for this user (it needs CreateTokens on the User resource, KIP-373)",
-    66: "the token expired",
+    errors.DELEGATION_TOKEN_AUTHORIZATION_FAILED: "kfan's principal may not create tokens for this user (it needs CreateTokens on the User resource, KIP-373)",
+    errors.DELEGATION_TOKEN_EXPIRED: "the token expired",
 }
 CREATE_VERSION, RENEW_VERSION, EXPIRE_VERSION, DESCRIBE_VERSION = 3, 2, 2, 3
 
