@@ -31,9 +31,9 @@ from proxy.core import (
     advertised_versions,
     plan_request,
 )
-from proxy.core.fetch import records_end
+from proxy.core.fetch import fetch_key, records_end
 from proxy.core.fetch_wait import AskAgain, FetchWait, InflightFetches, Reuse
-from proxy.core.layout import TopicPartition
+from proxy.core.layout import Layout, TopicPartition
 from proxy.core.topology import Broker, Topology
 from proxy.kafka import apis, errors, schema
 from proxy.server.gather import gather_fetch
@@ -400,6 +400,22 @@ def test_a_broker_that_returned_records_is_asked_ahead_exactly_what_the_next_fet
     sent = schema.decode_body(schema.request_spec(apis.FETCH, FETCH_V), b"".join(bytes(p) for p in sub.tail), plan.header.body_offset - 8)
     assert sent["max_wait"] == 0, "it must not hold the broker link if the client asks otherwise"
     assert sent["max_bytes"] == (1 << 20) // 2, "the connection's budget shared by the brokers of the Fetch"
+
+
+def test_the_key_of_a_sub_fetch_ignores_partition_order_and_nothing_else() -> None:
+    layout = Layout.of(schema.request_spec(apis.FETCH, FETCH_V), "topics", "partitions", "partition")
+    parts = [{"partition": p, "fetch_offset": 10 * p, "partition_max_bytes": 1 << 20} for p in range(3)]
+    sub = {"max_wait": 0, "max_bytes": 1 << 20, "topics": [{"topic": TOPIC, "partitions": parts}],
+           "forgotten_topics_data": [{"topic": "gone", "partitions": [4, 5]}], "rack_id": "a"}  # fmt: skip
+    key = fetch_key(FETCH_V, sub, layout)
+    rotated = {**sub, "topics": [{"topic": TOPIC, "partitions": parts[1:] + parts[:1]}]}
+    assert fetch_key(FETCH_V, rotated, layout) == key, "clients rotate partitions between Fetches"
+    moved = [{**parts[0], "fetch_offset": 11}, *parts[1:]]
+    assert fetch_key(FETCH_V, {**sub, "topics": [{"topic": TOPIC, "partitions": moved}]}, layout) != key
+    assert fetch_key(FETCH_V, {**sub, "topics": [{"topic": TOPIC, "partitions": parts[:2]}]}, layout) != key
+    assert fetch_key(FETCH_V, {**sub, "forgotten_topics_data": [{"topic": "gone", "partitions": [4]}]}, layout) != key
+    assert fetch_key(FETCH_V, {**sub, "rack_id": "b"}, layout) != key
+    assert fetch_key(FETCH_V - 1, sub, layout) != key, "an answer is read by its request's version"
 
 
 def test_no_fetch_ahead_after_an_error_or_when_turned_off() -> None:

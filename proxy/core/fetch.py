@@ -20,6 +20,7 @@ reuses, is :mod:`.fetch_wait`'s.
 from __future__ import annotations
 
 import struct
+import uuid
 from collections.abc import Callable, Hashable, Mapping
 from typing import Any
 
@@ -128,6 +129,9 @@ def _session_error(hdr: RequestHeader) -> Parts:
     return encode_body(spec, body)
 
 
+_SCALARS = frozenset({int, str, bool, float, bytes, type(None), uuid.UUID})  # hashable as they are
+
+
 def fetch_key(version: int, sub: Struct, layout: Layout) -> Hashable:
     """What a sub-fetch asks for, whatever the order of its partitions.
 
@@ -137,11 +141,14 @@ def fetch_key(version: int, sub: Struct, layout: Layout) -> Hashable:
     lacks v1's throttle time, so the same fields differ on the wire).
     """
 
+    # Fields keep the order their decoder gives them (fixed per version, which
+    # the key holds), and a predicted Fetch is built by replacing values in
+    # place: no sort is needed, and a different order can only miss, not match.
     def frozen(value: Any) -> Hashable:
         if isinstance(value, dict):
-            return tuple(sorted((k, frozen(v)) for k, v in value.items()))
+            return tuple([(k, v if v.__class__ in _SCALARS else frozen(v)) for k, v in value.items()])
         if isinstance(value, list):
-            return tuple(frozen(v) for v in value)
+            return tuple([frozen(v) for v in value])
         return value
 
     partitions = frozenset((key, frozen(p)) for key, p in layout.entries(sub))
