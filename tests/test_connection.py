@@ -11,6 +11,7 @@ max_wait or timeouts pass at once in wall time.
 
 from __future__ import annotations
 
+import logging
 import struct
 import time
 from collections.abc import AsyncIterator
@@ -22,6 +23,7 @@ import pytest
 import trio
 import trio.testing
 
+from backends.backoff import FAILURE_LOG_INTERVAL_S
 from backends.cluster import Cluster
 from proxy.core import Context, Identity, advertised_versions, plan_request
 from proxy.core.topology import Broker, Topology
@@ -410,6 +412,34 @@ async def test_a_broker_failing_under_a_fetch_answers_not_leader(autojump_clock:
         assert cid == 2
         part = by_partition(body, "responses", "partitions", "partition_index")[0]
         assert part["error_code"] == 0 and bytes(part["records"]) == record_batch(b"data0")
+
+
+async def test_requests_a_failing_broker_fails_are_logged_once_per_interval(
+    autojump_clock: trio.testing.MockClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A broker's failure fails every request out to it, from every client: one line stands for them."""
+    caplog.set_level(logging.INFO, logger="kfan")
+
+    async def failed_fetch(cid: int) -> None:
+        await h.client.send(fetch(cid, [0], max_wait_ms=5000))
+        await (await h.brokers.next(1)).close_connection()
+        got, body = await h.client.response(apis.FETCH, FETCH_V)
+        assert (
+            got == cid
+            and by_partition(body, "responses", "partitions", "partition_index")[0]["error_code"] == errors.NOT_LEADER_OR_FOLLOWER
+        )
+        await trio.sleep(2)  # past the reconnect backoff: the next Fetch opens a link and fails on it
+
+    def lines() -> list[str]:
+        return [r.getMessage() for r in caplog.records if r.getMessage().startswith("client ") and "broker 1" in r.getMessage()]
+
+    async with serving() as h:
+        for cid in range(1, 5):
+            await failed_fetch(cid)
+        assert len(lines()) == 1, lines()
+        await trio.sleep(FAILURE_LOG_INTERVAL_S)
+        await failed_fetch(5)
+    assert len(lines()) == 2 and lines()[1].endswith("(and 3 more failures since)"), lines()
 
 
 def fetch_offsets(req: BrokerRequest) -> list[tuple[int, int]]:

@@ -21,6 +21,7 @@ import logging
 
 import trio
 
+from backends import backoff
 from backends.cluster import Cluster
 from backends.flights import FlightKey
 from backends.link import Link, LinkClosed, LinkError, Pending
@@ -224,7 +225,7 @@ class Dispatcher:
             return Failed(plan.route.failure.code(pending.written))  # a shared answer's requester left: asked again
         except LinkError as e:
             self.cluster.flights.landed(pending)
-            log.info("client %s: %s", self.client, e)
+            _log_failure(self.client, pending.broker, e)
             if destination is ANY_BROKER:
                 self.links.default_failed(pending.broker)
             if self.client_identity and isinstance(e, AuthenticationFailed):
@@ -238,3 +239,9 @@ class Dispatcher:
             latency = pending.done_at - pending.created_at
             metrics.observe(metrics.BROKER_LATENCY, (pending.broker, plan.header.api_key), latency)
         return Response(payload)
+
+
+def _log_failure(client: int, broker: int, e: LinkError) -> None:
+    # One line per broker per interval: a broker's failure fails every client's requests to it at once.
+    if (left := backoff.failure_log().note(("requests", broker))) is not None:
+        log.info("client %s: %s%s", client, e, backoff.left_out(left))
