@@ -302,6 +302,32 @@ def test_broker_answers_regressions(name: str) -> None:
         schema.decode_body(schema.response_spec(plan.header.api_key, plan.header.api_version), b"".join(bytes(p) for p in reply.body))
 
 
+def test_a_fetch_answer_without_a_topic_asked_with_no_partitions_is_merged_not_passed_on() -> None:
+    """Found by the campaign (seed 44): a Fetch v17 naming a second topic with no partitions, answered by its one
+    broker without that topic, as Kafka answers. The partitions matched, so the answer went on as it came, while
+    the merge gives the empty topic an entry: the client's answer must be the merge's whichever path it takes."""
+    request = (
+        "00010011000003e8ffff0000000000800000007fffffff030000000000100000035a1f3c2e0000400080000000000000010200000002"
+        "000000000000000000000001000000057fffffffffffffff0000000100005a1f3c2e00004000800000000000000201000107c3a9c3a9c3a900"
+    )
+    answer = (
+        "000000090000000000004a00000000025a1f3c2e00004000800000000000000102000000020006ffffffffffffffff7fffffffffffffff"
+        "000001000000000000ffffffffc9013c2b0aeb12cafbd9570133b2cb4b335f3d79bb2226375c719263778aa7846e81b813d9a75cd56448"
+        "ad4dd82d14d8c49ff33415ac8519d929206cd321c132e6a276d4ae52442ff6dff7a3c75e430fbc5e64c1e34dd6be37477bfc550007f25f"
+        "4999629230b8cfe2dc2db8306b888c71e278cf72404ae99f682b057cd96b6f00d657206ce7dbdf2dd14f6d58dfe6c55c1b70a8b1907168"
+        "14ccf300d5c23c71bd176b3859da447191f042f79ba07c0d302b1345a5a50f3fa1787b21e9d482bef5b2cd13dcdb881609a701000d8000"
+        "00007fffffffffffffff000000"
+    )
+    plan = mutate.plan(bytes.fromhex(request))
+    assert isinstance(plan, FetchForward) and len(plan.subs) == 1
+    answers: dict[Any, Any] = {t: Response(bytes.fromhex(answer)) for t in plan.subs}
+    reply = broker_answers.merge(plan, answers, {})
+    broker_answers.fetch_as_sent(plan, answers, {}, reply)  # raises Broken when the two differ
+    spec = schema.response_spec(apis.FETCH, 17)
+    topics = schema.decode_body(spec, b"".join(bytes(p) for p in reply.body))["responses"]
+    assert [len(t["partitions"]) for t in topics] == [1, 0]
+
+
 def test_fetch_with_an_undecodable_answer_reports_that_brokers_partitions_retriable() -> None:
     plan = mutate.plan(bytes.fromhex(FETCH_V6))
     assert isinstance(plan, FetchForward)
