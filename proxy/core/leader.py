@@ -278,13 +278,13 @@ def one_answer_unchanged(found: LeaderSplit, decoded: Decoded, body: Struct) -> 
         return False
     (only,) = decoded.bodies.values()
     layout = found.response_layout
-    return layout.keys(only) == layout.keys(body) and _topic_sizes(layout, only) == _topic_sizes(layout, body)
+    return _shape(layout, only) == _shape(layout, body)
 
 
-def _topic_sizes(layout: Layout, message: Struct) -> list[tuple[Any, int]]:
-    # The merge gives each topic the client asked an entry, one with no partitions too; a broker may leave that
-    # out (Kafka's Fetch does): then the answer is not the merged body, though its partitions are.
-    return [(t[layout.topic_key], len(t[layout.partitions])) for t in message[layout.topics]]
+def _shape(layout: Layout, message: Struct) -> list[tuple[Any, list[int]]]:
+    # Topics, not only partitions: the merge gives each topic the client asked an entry, one with no partitions
+    # too, and a broker may leave that out (Kafka's Fetch does).
+    return [(t[layout.topic_key], [layout.partition_index(p) for p in t[layout.partitions]]) for t in message[layout.topics]]
 
 
 def merge_partitions(
