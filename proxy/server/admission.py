@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import math
+import ssl
 
 import trio
 
@@ -97,9 +98,9 @@ async def _serve_admitted(
 ) -> None:
     principal = None
     if tls is not None:
-        secured = await _tls_handshake(stream, tls, peer, limits.frame_timeout)
+        secured, refused = await _tls_handshake(stream, tls, peer, limits.frame_timeout)
         if secured is None:
-            if governance is not None and governance.audit is not None:  # a refused certificate, for the audit log
+            if refused and governance is not None and governance.audit is not None:  # a refused certificate, for the audit log
                 governance.audit.offer("connection", connection_event("refused", 0, peer, None, mechanism="TLS", reason="tls_handshake"))
             return
         stream = secured
@@ -137,27 +138,38 @@ async def _serve_admitted(
     log.debug("client %s gone", conn.id)
 
 
-async def _tls_handshake(stream: trio.abc.Stream, tls: ServerTLS, peer: str, timeout: float) -> trio.SSLStream[trio.abc.Stream] | None:
-    """The client's TLS, or None (logged, closed) when the handshake fails: a plaintext client, a bad or missing certificate."""
+async def _tls_handshake(
+    stream: trio.abc.Stream, tls: ServerTLS, peer: str, timeout: float
+) -> tuple[trio.SSLStream[trio.abc.Stream] | None, bool]:
+    """The client's TLS, or None (closed) when there is none, and whether kfan refused it.
+
+    A failed handshake (a plaintext client, a bad or missing certificate, a timeout) is refused and
+    logged as a warning. A client that closes its connection before the handshake ends (a TCP health
+    check, a client shutting down while it connects) was not refused: as Kafka's brokers do, kfan
+    takes that as a disconnect and logs it at debug level only, so probes do not fill the log.
+    """
     secured = trio.SSLStream(stream, tls.context(), server_side=True)
     try:
         with trio.fail_after(timeout):
             await secured.do_handshake()
-        return secured
+        return secured, False
     except (trio.BrokenResourceError, trio.TooSlowError, OSError) as e:
         cause = e.__cause__ if isinstance(e, trio.BrokenResourceError) and e.__cause__ is not None else e
+        await trio.aclose_forcefully(stream)
+        if isinstance(cause, (ssl.SSLEOFError, ConnectionResetError, BrokenPipeError)):
+            log.debug("client at %s: closed its connection during the TLS handshake (%r)", peer, cause)
+            return None, False
         text = getattr(cause, "reason", None) or repr(cause)
         hint = ""
         if isinstance(e, trio.TooSlowError):
             text = f"not completed within {timeout:.0f} s (--frame-timeout)"
-        elif text in ("WRONG_VERSION_NUMBER", "HTTP_REQUEST", "UNEXPECTED_EOF_WHILE_READING", "RECORD_LAYER_FAILURE"):
+        elif text in ("WRONG_VERSION_NUMBER", "HTTP_REQUEST", "RECORD_LAYER_FAILURE"):
             hint = " (a plaintext client on the TLS listener?)"
         elif "CERTIFICATE" in str(text).upper():
             metrics.AUTHENTICATIONS.labels("mTLS", "failed").inc()
         log.warning("client at %s: TLS handshake failed, closing: %s%s", peer, text, hint)
         metrics.CLIENT_CLOSES.labels("tls_handshake").inc()
-        await trio.aclose_forcefully(stream)
-        return None
+        return None, True
 
 
 def peer_of(stream: trio.abc.Stream) -> str:
