@@ -18,12 +18,24 @@ sequence). Through kfan, a partition's batches can go out on two links:
 A later batch written first makes the earlier one fail for good
 (OUT_OF_ORDER_SEQUENCE_NUMBER). So a Produce sub-request carrying a
 producer's batches for a partition waits, before it is sent, until the one
-read before it for that producer and partition on another link is answered
-(on the same link the broker keeps the order itself), and is not sent when
-the client will send that one again (kfan did not send it, its broker
-failed, or refused it with an error Kafka's clients retry) and it carries a
-later sequence of the same producer epoch: kfan answers it as not written
-(NOT_LEADER_OR_FOLLOWER), and the client sends both again in its order.
+read before it for that producer and partition on another link is answered,
+and is not sent when the client will send that one again (kfan did not send
+it, its broker failed, or refused it with an error Kafka's clients retry)
+and it carries a later sequence of the same producer epoch: kfan answers it
+as not written (NOT_LEADER_OR_FOLLOWER), and the client sends both again in
+its order.
+
+On the same link the broker keeps the order itself, and refuses a batch
+after one it refused, with one exception: the producer's first batch there.
+kfan learns a new leader from any broker's metadata, often before the new
+leader has taken the partition over itself, and its link to it is already
+open. The new leader may then refuse the first batch (NOT_LEADER_OR_FOLLOWER)
+and, a moment later, accept the next one as the producer's first, since it
+holds no state for it yet; the first batch, sent again, then fails for good.
+So on its link, a batch also waits for the one before it when that one
+opened the link for its producer and partition (nothing before it, or the
+one before went on another link or was not sent): one round trip, once per
+producer, partition and link.
 
 Process-wide (per worker): a client's connections that reach another kfan
 process are not ordered here (README, Limitations).
@@ -57,11 +69,12 @@ ReadSentAgain = Callable[[bytes | memoryview], set[TopicPartition] | None]
 class Turn:
     """One sub-request's place in its partitions' order: the link it goes on, its batches, and its answer."""
 
-    __slots__ = ("link", "batches", "pending", "settled", "at", "_read_sent_again", "_read", "_sent_again", "_answer")
+    __slots__ = ("link", "batches", "opening", "pending", "settled", "at", "_read_sent_again", "_read", "_sent_again", "_answer")
 
     def __init__(self, link: object, batches: Mapping[ProducerPartition, ProducerBatch], read_sent_again: ReadSentAgain) -> None:
         self.link = link
         self.batches = batches
+        self.opening: set[ProducerPartition] = set()  # its producers' first batches on its link: the next there waits
         self.pending: Pending | None = None
         self.settled = trio.Event()  # sent (``pending`` set), or given up without being sent
         self.at = trio.current_time()
@@ -134,10 +147,14 @@ class ProducerSequences:
         last = self._last
         for key in batches:
             prior = last.get(key)
-            if prior is not None and (prior.link is not link or prior.unsent):
-                # On the same link the broker reads this one after it, and refuses it as it refused that one,
-                # as a direct client's: only one kfan did not send matters there (no answer is read, no wait).
+            if prior is None or prior.link is not link or prior.unsent:
+                turn.opening.add(key)
+                if prior is not None:
+                    before.append((key, prior))
+            elif key in prior.opening:
+                # The broker may have refused that one as not yet the leader, and take this one as the first.
                 before.append((key, prior))
+            # Else the broker reads this one after the one before it, and refuses it as it refused that one.
             last[key] = turn
         if len(last) >= self._sweep_at:
             self._sweep()

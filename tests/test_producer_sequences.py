@@ -110,19 +110,46 @@ async def test_a_later_batch_on_another_connection_waits_for_the_earlier_answer(
 
 async def test_other_producers_partitions_and_the_same_connection_do_not_wait(autojump_clock: trio.testing.MockClock) -> None:
     async with two_clients() as (a, b, brokers, _):
-        await a.send(produce(1, {0: (PID, 0)}))
+        await a.send(produce(1, {0: (PID, 0)}))  # the producer's first batch on a's link: answered first (see the next test)
+        await answer_produce(await brokers.next(1), 0)
+        assert await produced(a, 1) == {0: errors.NONE}
+        await a.send(produce(2, {0: (PID, 1)}))
         first = await brokers.next(1)
-        await a.send(produce(2, {0: (PID, 1)}))  # the same link: the broker keeps this order itself
-        await b.send(produce(3, {0: (PID + 1, 0)}))  # another producer
-        await b.send(produce(4, {2: (PID, 0)}))  # another partition (broker 1 too)
-        await b.send(produce(5, {0: (-1, -1)}))  # no producer id: nothing to order
+        await a.send(produce(3, {0: (PID, 2)}))  # the same link: the broker keeps this order itself
+        await b.send(produce(4, {0: (PID + 1, 0)}))  # another producer
+        await b.send(produce(5, {2: (PID, 0)}))  # another partition (broker 1 too)
+        await b.send(produce(6, {0: (-1, -1)}))  # no producer id: nothing to order
         others = [await brokers.next(1) for _ in range(4)]
         assert not first.answered, "nothing was answered: none of them waited"
-        assert sorted(base_sequences(r).popitem() for r in others) == [(0, -1), (0, 0), (0, 1), (2, 0)]
+        assert sorted(base_sequences(r).popitem() for r in others) == [(0, -1), (0, 0), (0, 2), (2, 0)]
         for n, req in enumerate([first, *others]):
-            await answer_produce(req, n)
-        for client, cid, partition in ((a, 1, 0), (a, 2, 0), (b, 3, 0), (b, 4, 2), (b, 5, 0)):
+            await answer_produce(req, n + 1)
+        for client, cid, partition in ((a, 2, 0), (a, 3, 0), (b, 4, 0), (b, 5, 2), (b, 6, 0)):
             assert await produced(client, cid) == {partition: errors.NONE}
+
+
+async def test_a_producers_first_batch_on_a_link_holds_back_the_next_there(autojump_clock: trio.testing.MockClock) -> None:
+    """A broker that kfan knows as the new leader before it knows it itself refuses the first batch, and may take
+    the next as the producer's first a moment later: the first, sent again, would then fail for good."""
+    async with two_clients() as (a, _, brokers, _):
+        await a.send(produce(1, {0: (PID, 0)}))
+        first = await brokers.next(1)
+        await a.send(produce(2, {0: (PID, 1)}))
+        await trio.sleep(1.0)
+        assert brokers.count(1, apis.PRODUCE) == 1, "the next batch went out before the first was answered"
+        await answer_refused(first, errors.NOT_LEADER_OR_FOLLOWER)
+        assert await produced(a, 1) == {0: errors.NOT_LEADER_OR_FOLLOWER}
+        assert await produced(a, 2) == {0: errors.NOT_LEADER_OR_FOLLOWER}, "written, it would be taken as the producer's first"
+        assert brokers.count(1, apis.PRODUCE) == 1
+        await a.send(produce(3, {0: (PID, 0)}))  # the client sends both again, in order: the first opens the link again
+        again = await brokers.next(1)
+        await a.send(produce(4, {0: (PID, 1)}))
+        await trio.sleep(1.0)
+        assert brokers.count(1, apis.PRODUCE) == 2
+        await answer_produce(again, 0)
+        await answer_produce(await brokers.next(1), 1)
+        assert await produced(a, 3) == {0: errors.NONE}
+        assert await produced(a, 4) == {0: errors.NONE}
 
 
 async def test_a_split_produce_waits_only_where_its_producer_has_a_batch_out(autojump_clock: trio.testing.MockClock) -> None:
@@ -249,27 +276,35 @@ async def test_turns_wait_for_other_links_until_answered(autojump_clock: trio.te
     assert before == []
     pending_first = Pending()
     first.sent(pending_first)
-    same, before = seqs.take_turn({key: (0, 1)}, link_a, all_written)
-    assert before == [], "in flight on the same link: the broker keeps that order"
+    second, before = seqs.take_turn({key: (0, 1)}, link_a, all_written)
+    assert before == [(key, first)], "the producer's first batch on this link: the next there waits for its answer"
+    second.sent(Pending())
+    same, before = seqs.take_turn({key: (0, 2)}, link_a, all_written)
+    assert before == [], "in flight on the same link after the first: the broker keeps that order"
     pending = Pending()
     same.sent(pending)
-    other, before = seqs.take_turn({key: (0, 2)}, link_b, all_written)
+    other, before = seqs.take_turn({key: (0, 3)}, link_b, all_written)
     assert before == [(key, same)], "the latest turn is the one to wait for"
     assert not await wait_for(before, trio.current_time() + 1.0), "over before its answer came"
     pending.set(b"answer")
     assert await wait_for(before, trio.current_time() + 1.0)
     assert not out_of_order(other, before), "the earlier batch was written"
     other.sent(None)
-    later, before = seqs.take_turn({key: (0, 3)}, link_a, all_written)
+    later, before = seqs.take_turn({key: (0, 4)}, link_a, all_written)
     assert out_of_order(later, before), "the turn before was never sent"
     later.sent(None)
-    retried, before = seqs.take_turn({key: (0, 2)}, link_a, all_written)
+    retried, before = seqs.take_turn({key: (0, 3)}, link_a, all_written)
     assert before == [(key, later)], "kfan did not send the one before on this link"
     assert not out_of_order(retried, before), "an earlier sequence again: the client's retry"
+    accepted = Pending()
+    accepted.set(b"answer")
+    retried.sent(accepted)
+    after, before = seqs.take_turn({key: (0, 4)}, link_a, never_written)
+    assert before == [(key, retried)], "the one before opened the link again: the turn before it was not sent"
     refused = Pending()
     refused.set(b"refused")
-    retried.sent(refused)
-    _, before = seqs.take_turn({key: (0, 3)}, link_a, never_written)
+    after.sent(refused)
+    _, before = seqs.take_turn({key: (0, 5)}, link_a, never_written)
     assert before == [], "on the same link the broker refuses the later batch itself: no answer is read"
 
 
