@@ -27,7 +27,7 @@ its order.
 
 On the same link the broker keeps the order itself, and refuses a batch
 after one it refused, with one exception: the producer's first batch there.
-kfan learns a new leader from any broker's metadata, often before the new
+kfan can learn a new leader from any broker's metadata before the new
 leader has taken the partition over itself, and its link to it is already
 open. The new leader may then refuse the first batch (NOT_LEADER_OR_FOLLOWER)
 and, a moment later, accept the next one as the producer's first, since it
