@@ -13,8 +13,8 @@ import pytest
 import trio
 import trio.testing
 import trustme
+from prometheus_client import REGISTRY
 
-from proxy.runtime import metrics
 from proxy.security.tls import ServerTLS
 from proxy.server.admission import _tls_handshake
 
@@ -31,7 +31,7 @@ def server_tls(tmp_path: Path) -> ServerTLS:
 
 
 def _refusals() -> float:
-    return metrics.CLIENT_CLOSES.labels("tls_handshake")._value.get()
+    return REGISTRY.get_sample_value("kfan_client_connections_closed_total", {"reason": "tls_handshake"}) or 0.0
 
 
 async def _handshake_against(server_tls: ServerTLS, client_does: bytes | None) -> tuple[object, bool]:
