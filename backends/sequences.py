@@ -37,6 +37,11 @@ opened the link for its producer and partition (nothing before it, or the
 one before went on another link or was not sent): one round trip, once per
 producer, partition and link.
 
+A batch kfan answers itself as not written (no leader known, or its
+leader's link down) takes its turn too, as one not sent: a client pipelines
+a partition's batches, and kfan may find the leader between two of them.
+Without it, the next batch would be sent as the producer's first.
+
 Process-wide (per worker): a client's connections that reach another kfan
 process are not ordered here (README, Limitations).
 
@@ -160,6 +165,11 @@ class ProducerSequences:
             self._sweep()
         return turn, before
 
+    def not_sent(self, batches: Mapping[ProducerPartition, ProducerBatch]) -> None:
+        """Batches kfan answered itself as not written: the client sends them again, so they keep their place."""
+        turn, _ = self.take_turn(batches, None, _never_read)
+        turn.sent(None)
+
     def _sweep(self) -> None:
         now = trio.current_time()
         kept = {k: t for k, t in self._last.items() if not t.over or now - t.at < KEPT_S}
@@ -172,6 +182,10 @@ class ProducerSequences:
 
     def __len__(self) -> int:
         return len(self._last)
+
+
+def _never_read(_: bytes | memoryview) -> set[TopicPartition] | None:
+    raise AssertionError("a turn not sent has no answer to read")
 
 
 async def wait_for(before: list[tuple[ProducerPartition, Turn]], deadline: float) -> bool:

@@ -21,6 +21,7 @@ from proxy.core import (
     KeyType,
     LearnCoordinators,
     LearnReadReplicas,
+    ProducerBatchesNotSent,
     RefreshTopology,
     RememberWatermarks,
     ReopenShareSessions,
@@ -39,11 +40,11 @@ class Recorder:
         self._calls = calls
         self._name = name
 
-    def __getattr__(self, method: str) -> Any:
-        def record(*args: Any, **kwargs: Any) -> None:
-            self._calls.append((f"{self._name}.{method}", args[0] if args else None))
+    def __getattr__(self, attribute: str) -> Recorder:
+        return Recorder(self._calls, f"{self._name}.{attribute}")  # a method, or an object kept there (its methods)
 
-        return record
+    def __call__(self, *args: Any, **kwargs: Any) -> None:
+        self._calls.append((self._name, args[0] if args else None))
 
 
 SAMPLES: dict[type, tuple[Effect, str]] = {
@@ -57,6 +58,7 @@ SAMPLES: dict[type, tuple[Effect, str]] = {
     ForgetReadReplicas: (ForgetReadReplicas(frozenset({("zone-a", "orders", 0)})), "cluster.forget_read_replicas"),
     KeepShareSession: (KeepShareSession(("g", "m"), ShareSession(1, {}, {})), "fetches.keep_share_session"),
     ReopenShareSessions: (ReopenShareSessions(("g", "m"), frozenset({2})), "fetches.reopen_share_sessions"),
+    ProducerBatchesNotSent: (ProducerBatchesNotSent({(4711, "orders", 0): (0, 0)}), "cluster.sequences.not_sent"),
 }
 
 

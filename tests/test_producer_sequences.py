@@ -12,6 +12,7 @@ streams share one :class:`Cluster` and fake brokers (as in
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -23,10 +24,13 @@ from backends import sequences
 from backends.cluster import Cluster
 from backends.pending import Pending
 from backends.sequences import KEPT_S, ProducerSequences, Turn, out_of_order, wait_for
+from proxy.core import Context, Forward, ProducerBatchesNotSent, plan_request
 from proxy.core.topology import Topology
 from proxy.kafka import apis, errors
 from proxy.kafka.records import record_batch
 from proxy.server.connection import ClientConnection, Limits
+from tests.support.core_inputs import ALL_VERSIONS
+from tests.support.core_inputs import IDENTITY as CORE_IDENTITY
 from tests.support.memory_broker import BrokerRequest, MemoryBrokers
 from tests.support.messages import request_bytes
 from tests.test_connection import (
@@ -255,6 +259,60 @@ async def test_after_one_held_past_its_deadline_the_next_on_that_link_is_not_sen
         await b.send(produce(3, {0: (PID, 2)}))  # b's link: its own earlier batch was never sent
         assert await produced(b, 3) == {0: errors.NOT_LEADER_OR_FOLLOWER}
         assert brokers.count(1, apis.PRODUCE) == 1
+
+
+async def test_a_first_batch_answered_for_want_of_a_leader_holds_back_the_next(autojump_clock: trio.testing.MockClock) -> None:
+    """kfan knows no leader for the partition when the producer's first batch comes, and finds it before the
+    next: that one, written, would be taken as the producer's first, and the first would fail for good."""
+    async with two_clients() as (a, _, brokers, cluster):
+        cluster.topology = Topology(brokers=BROKERS, leaders={TOPIC: {**LEADERS[TOPIC], 0: 9}}, cluster_id="test-cluster", controller_id=1)
+        await a.send(produce(1, {0: (PID, 0)}))
+        assert await produced(a, 1) == {0: errors.NOT_LEADER_OR_FOLLOWER}
+        cluster.topology = Topology(brokers=BROKERS, leaders=LEADERS, cluster_id="test-cluster", controller_id=1)
+        await a.send(produce(2, {0: (PID, 1)}))  # pipelined by the client before the first was answered
+        assert await produced(a, 2) == {0: errors.NOT_LEADER_OR_FOLLOWER}
+        assert brokers.count(1, apis.PRODUCE) == 0, "the later batch was written before the earlier one"
+        await a.send(produce(3, {0: (PID, 0)}))  # the client sends both again, in order
+        await answer_produce(await brokers.next(1), 0)
+        assert await produced(a, 3) == {0: errors.NONE}
+        await a.send(produce(4, {0: (PID, 1)}))
+        await answer_produce(await brokers.next(1), 1)
+        assert await produced(a, 4) == {0: errors.NONE}
+
+
+async def test_a_first_batch_whose_leader_is_down_holds_back_the_next_to_a_new_leader(autojump_clock: trio.testing.MockClock) -> None:
+    """The leader is down and kfan backs off from it: the first batch waits for the backoff, and the broker
+    leaves the cluster meanwhile (fenced, Metadata no longer lists it), so the batch is not sent. A new leader
+    is elected, and the next batch, pipelined behind the first, is for it."""
+    async with two_clients() as (a, b, brokers, cluster):
+        brokers.refusing.add(1)
+        await b.send(produce(9, {0: (-1, -1)}))  # another client's request finds broker 1 down: kfan backs off
+        assert await produced(b, 9) == {0: errors.NOT_LEADER_OR_FOLLOWER}
+        await a.send(produce(1, {0: (PID, 0)}))
+        await a.send(produce(2, {0: (PID, 1)}))
+        await trio.sleep(0.01)  # the first waits out kfan's backoff from broker 1
+        fenced = {n: broker for n, broker in BROKERS.items() if n != 1}
+        cluster.topology = Topology(brokers=fenced, leaders={TOPIC: {0: 2, 1: 2, 2: 2}}, cluster_id="test-cluster", controller_id=2)
+        assert await produced(a, 1) == {0: errors.NOT_LEADER_OR_FOLLOWER}
+        assert await produced(a, 2) == {0: errors.NOT_LEADER_OR_FOLLOWER}
+        assert brokers.count(2, apis.PRODUCE) == 0, "the later batch was written at the new leader before the earlier one"
+        await a.send(produce(3, {0: (PID, 0)}))  # the client sends both again, in order
+        again = await brokers.next(2)
+        assert base_sequences(again) == {0: 0}
+        await answer_produce(again, 0)
+        assert await produced(a, 3) == {0: errors.NONE}
+
+
+def test_the_core_hands_over_the_idempotent_batches_it_answers_itself() -> None:
+    """What the planner answers for want of a leader, it names for the table (applied before the next request is
+    planned); batches it sends, and batches of no producer, it does not."""
+    topology = Topology(brokers=BROKERS, leaders={TOPIC: {0: 1, 1: 9, 2: 9}}, cluster_id="test-cluster", controller_id=1)
+    ctx = Context(CORE_IDENTITY, topology, ALL_VERSIONS)
+    plan = plan_request(ctx, produce(1, {0: (PID, 0), 1: (PID, 3), 2: (-1, -1)}, epoch=2))
+    assert isinstance(plan, Forward) and set(plan.subs) == {1}
+    assert plan.at_plan == [ProducerBatchesNotSent({(PID, TOPIC, 1): (2, 3)})]
+    routed = plan_request(dataclasses.replace(ctx, topology=make_cluster().topology), produce(2, {0: (PID, 0), 1: (PID, 3)}))
+    assert isinstance(routed, Forward) and routed.at_plan == []
 
 
 # --- the bookkeeping alone ---------------------------------------------------------------------

@@ -124,6 +124,11 @@ Answers = Mapping[Destination, BrokerAnswer]
 # high watermark, last stable offset, log start offset.
 Watermarks = tuple[int, int, int]
 
+# One producer's batches for one partition, which a broker must read in the producer's sequence order,
+# and what orders them: the producer epoch and the first batch's base sequence.
+ProducerPartition = tuple[int, TopicKey, int]  # producer id, topic, partition
+ProducerBatch = tuple[int, int]  # producer epoch, base sequence
+
 
 # --- what a merge asks of the I/O layer ------------------------------------------------------
 
@@ -188,6 +193,14 @@ class ForgetReadReplicas:
     keys: frozenset[ReadReplicaKey]
 
 
+@dataclass(frozen=True, slots=True)
+class ProducerBatchesNotSent:
+    """An idempotent producer's batches kfan answered itself, not written: the client sends them again, and its
+    later batches for those partitions must not be written first (``backends.sequences``)."""
+
+    batches: Mapping[ProducerPartition, ProducerBatch]
+
+
 Effect = (
     FoldMetadata
     | LearnCoordinators
@@ -199,6 +212,7 @@ Effect = (
     | ForgetReadReplicas
     | KeepShareSession
     | ReopenShareSessions
+    | ProducerBatchesNotSent
 )
 
 

@@ -23,8 +23,8 @@ from ..kafka.schema import Struct
 from ..kafka.wire import Malformed
 from . import leader
 from .answers import decode_answer
-from .layout import Layout, TopicKey, TopicPartition
-from .plan import BrokerFailure, Context, LeaderSplit, Plan, Route
+from .layout import Layout, TopicPartition
+from .plan import BrokerFailure, Context, LeaderSplit, Plan, ProducerBatch, ProducerBatchesNotSent, ProducerPartition, Route
 
 # NETWORK_EXCEPTION is the general answer for a failed broker, but librdkafka
 # fails a produced batch for good on it. So a Produce that reached the broker
@@ -32,17 +32,15 @@ from .plan import BrokerFailure, Context, LeaderSplit, Plan, Route
 # that never left kfan NOT_LEADER_OR_FOLLOWER ("not written": refresh, retry).
 FAILURE = BrokerFailure(written=errors.REQUEST_TIMED_OUT, unwritten=errors.NOT_LEADER_OR_FOLLOWER)
 
-# One producer's batches for one partition, which a broker must read in the producer's sequence order,
-# and what orders them: the producer epoch and the first batch's base sequence.
-ProducerPartition = tuple[int, TopicKey, int]  # producer id, topic, partition
-ProducerBatch = tuple[int, int]  # producer epoch, base sequence
-
 
 def plan(route: Route[Any], ctx: Context, hdr: RequestHeader, payload: memoryview, request: Struct) -> Plan:
     expect = request["acks"] != 0
     refused = invalid_records(request, leader.layouts_of(route, hdr.api_version)[0]) if ctx.validate_records else {}
     found = leader.split(route, ctx, hdr, request, {tp: bad.code for tp, bad in refused.items()})
-    return leader.plan_split(route, ctx, hdr, payload, found, expect, refused)
+    out = leader.plan_split(route, ctx, hdr, payload, found, expect, refused)
+    if found.unroutable and (not_sent := unroutable_batches(found)):
+        out.at_plan.append(ProducerBatchesNotSent(not_sent))
+    return out
 
 
 def invalid_records(request: Struct, request_layout: Layout) -> dict[TopicPartition, Invalid]:
@@ -72,6 +70,21 @@ def sequenced(split: LeaderSplit) -> dict[int, dict[ProducerPartition, ProducerB
                 found[(pid, topic, layout.partition_index(p))] = (epoch, sequence)
         if found:
             out[broker] = found
+    return out
+
+
+def unroutable_batches(split: LeaderSplit) -> dict[ProducerPartition, ProducerBatch]:
+    """The idempotent producers' batches kfan answers itself (no leader known, say) with an error the client
+    retries: it sends them again, so a later batch must not be written before them, even if kfan finds the
+    leader before that later batch comes (:mod:`backends.sequences`)."""
+    out: dict[ProducerPartition, ProducerBatch] = {}
+    layout = split.request_layout
+    for topic, p in layout.entries(split.request):
+        tp = (topic, layout.partition_index(p))
+        if split.unroutable.get(tp) in SENT_AGAIN:
+            pid, epoch, sequence = producer(p["records"])
+            if pid >= 0:
+                out[(pid, *tp)] = (epoch, sequence)
     return out
 
 

@@ -71,7 +71,7 @@ class Dispatcher:
         """Send every sub-request now, in order; coordinators are resolved first."""
         out: Handles = {}
         fresh: list[tuple[Destination, int]] = []  # sub-fetches to send, once there is room for their answers
-        sequenced: dict[int, dict[ProducerPartition, ProducerBatch]] | None = None  # a Produce's idempotent batches, per broker
+        sequenced = produce.sequenced(plan.state) if plan.header.api_key == apis.PRODUCE and plan.expect_response else {}
         for destination, sub in plan.subs.items():
             broker = await self.links.resolve(destination)
             if broker is None:
@@ -97,11 +97,11 @@ class Dispatcher:
                 broker = self.links.another_broker(broker) or broker  # any broker will do: one kfan is not backing off from
             link = await self.links.link_when_ready(broker, lane)
             if link is None:
+                if destination in sequenced:  # not sent: the client sends it again, ahead of its later batches
+                    self.cluster.sequences.not_sent(sequenced[destination])
                 out[destination] = Failed(plan.route.failure.code(written=False))
                 continue
-            if sequenced is None and plan.header.api_key == apis.PRODUCE and plan.expect_response:
-                sequenced = produce.sequenced(plan.state)
-            if sequenced and destination in sequenced:
+            if destination in sequenced:
                 out[destination] = await self._send_in_turn(plan, link, sub, sequenced[destination])
                 continue
             out[destination] = self._send(link, sub, flight)

@@ -27,6 +27,7 @@ from proxy.core import (
     KeepShareSession,
     LearnCoordinators,
     LearnReadReplicas,
+    ProducerBatchesNotSent,
     RefreshTopology,
     RememberWatermarks,
     ReopenShareSessions,
@@ -75,5 +76,7 @@ def apply_effects(effects: Iterable[Effect], cluster: Cluster, coordinators: Coo
                 fetches.keep_share_session(effect.key, effect.session)
             case ReopenShareSessions():
                 fetches.reopen_share_sessions(effect.key, effect.brokers)
+            case ProducerBatchesNotSent():
+                cluster.sequences.not_sent(effect.batches)
             case _:
                 assert_never(effect)

@@ -167,8 +167,9 @@ def fold(metadata: Mapping[str, Any]) -> None:
 
 def produce_orders(plan: Forward, answers: Mapping[Destination, BrokerAnswer]) -> None:
     """What kfan reads to keep an idempotent producer's batches in order (:mod:`backends.sequences`): the
-    producers' batches per broker, and what each broker's answer refused."""
+    producers' batches per broker and those it answers itself, and what each broker's answer refused."""
     produce.sequenced(plan.state)
+    produce.unroutable_batches(plan.state)
     for answer in answers.values():
         if isinstance(answer, Response):
             produce.sent_again(plan.header, plan.state.response_layout, answer.payload)

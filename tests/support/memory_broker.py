@@ -82,8 +82,11 @@ class MemoryBrokers:
         self.connections: dict[int, list[BrokerConnection]] = {}
         self._taken: dict[int, int] = {}
         self._arrived = trio.Event()
+        self.refusing: set[int] = set()  # brokers whose connections are refused, as a broker that is down
 
     async def connect(self, broker: Broker) -> trio.abc.Stream:
+        if broker.node_id in self.refusing:
+            raise ConnectionRefusedError(f"broker {broker.node_id} is down")
         ours, theirs = trio.testing.memory_stream_pair()
         connections = self.connections.setdefault(broker.node_id, [])
         conn = BrokerConnection(broker.node_id, len(connections) + 1, theirs)
