@@ -35,7 +35,10 @@ holds no state for it yet; the first batch, sent again, then fails for good.
 So on its link, a batch also waits for the one before it when that one
 opened the link for its producer and partition (nothing before it, or the
 one before went on another link or was not sent): one round trip, once per
-producer, partition and link.
+producer, partition and link. The same holds while the broker refuses: a
+batch sent again after the opening one was refused may itself be taken as
+the producer's first, so the one behind it waits for its answer too, until
+the broker writes one.
 
 A batch kfan answers itself as not written (no leader known, or its
 leader's link down) takes its turn too, as one not sent: a client pipelines
@@ -74,12 +77,27 @@ ReadSentAgain = Callable[[bytes | memoryview], set[TopicPartition] | None]
 class Turn:
     """One sub-request's place in its partitions' order: the link it goes on, its batches, and its answer."""
 
-    __slots__ = ("link", "batches", "opening", "pending", "settled", "at", "_read_sent_again", "_read", "_sent_again", "_answer")
+    __slots__ = (
+        "link",
+        "batches",
+        "opening",
+        "follows",
+        "pending",
+        "settled",
+        "at",
+        "_read_sent_again",
+        "_read",
+        "_sent_again",
+        "_answer",
+    )
 
     def __init__(self, link: object, batches: Mapping[ProducerPartition, ProducerBatch], read_sent_again: ReadSentAgain) -> None:
         self.link = link
         self.batches = batches
         self.opening: set[ProducerPartition] = set()  # its producers' first batches on its link: the next there waits
+        # The turn before it on its link that opened it, or may have: if the broker refused that one, this one
+        # may be the producer's first there. Kept while it is its partitions' latest turn.
+        self.follows: dict[ProducerPartition, Turn] = {}
         self.pending: Pending | None = None
         self.settled = trio.Event()  # sent (``pending`` set), or given up without being sent
         self.at = trio.current_time()
@@ -122,6 +140,14 @@ class Turn:
             self._answer = None
         return self._sent_again is None or key[1:] in self._sent_again
 
+    def may_open(self, key: ProducerPartition) -> bool:
+        """Whether the broker may write this turn's batch for ``key`` as its producer's first on this turn's link:
+        it opened the link, or followed one that may have and that the broker refused (or has not yet answered)."""
+        if key in self.opening:
+            return True
+        prior = self.follows.get(key)
+        return prior is not None and (not prior.over or prior.sent_again(key))
+
     async def wait(self) -> None:
         await self.settled.wait()
         if self.pending is not None:
@@ -156,10 +182,13 @@ class ProducerSequences:
                 turn.opening.add(key)
                 if prior is not None:
                     before.append((key, prior))
-            elif key in prior.opening:
+            elif prior.may_open(key):
                 # The broker may have refused that one as not yet the leader, and take this one as the first.
                 before.append((key, prior))
+                turn.follows[key] = prior
             # Else the broker reads this one after the one before it, and refuses it as it refused that one.
+            if prior is not None:
+                prior.follows.pop(key, None)  # no longer the latest: nothing asks it again
             last[key] = turn
         if len(last) >= self._sweep_at:
             self._sweep()

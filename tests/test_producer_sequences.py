@@ -156,6 +156,39 @@ async def test_a_producers_first_batch_on_a_link_holds_back_the_next_there(autoj
         assert await produced(a, 4) == {0: errors.NONE}
 
 
+async def test_while_the_broker_refuses_the_first_batch_the_next_waits_for_each_retry(autojump_clock: trio.testing.MockClock) -> None:
+    """The first batch goes alone and is refused (the broker is not yet the leader); the client sends it again with
+    the next pipelined behind it. The broker may refuse the retry too and, a moment later, take the next as the
+    producer's first: the next waits for the retry's answer. Once the broker has written one, the link is the
+    producer's, and the batches after go on at once."""
+    async with two_clients() as (a, _, brokers, _):
+        await a.send(produce(1, {0: (PID, 0)}))
+        await answer_refused(await brokers.next(1), errors.NOT_LEADER_OR_FOLLOWER)
+        assert await produced(a, 1) == {0: errors.NOT_LEADER_OR_FOLLOWER}
+        await a.send(produce(2, {0: (PID, 0)}))  # sent again
+        retry = await brokers.next(1)
+        await a.send(produce(3, {0: (PID, 1)}))  # the next, pipelined behind it
+        await trio.sleep(1.0)
+        assert brokers.count(1, apis.PRODUCE) == 2, "the next batch went out before the retry of the first was answered"
+        await answer_refused(retry, errors.NOT_LEADER_OR_FOLLOWER)
+        assert await produced(a, 2) == {0: errors.NOT_LEADER_OR_FOLLOWER}
+        assert await produced(a, 3) == {0: errors.NOT_LEADER_OR_FOLLOWER}, "written, it would be taken as the producer's first"
+        assert brokers.count(1, apis.PRODUCE) == 2
+        await a.send(produce(4, {0: (PID, 0)}))  # both again, in order
+        written = await brokers.next(1)
+        await a.send(produce(5, {0: (PID, 1)}))
+        await trio.sleep(1.0)
+        assert brokers.count(1, apis.PRODUCE) == 3
+        await answer_produce(written, 0)
+        second = await brokers.next(1)
+        await a.send(produce(6, {0: (PID, 2)}))  # the broker wrote the first: it keeps this order itself
+        third = await brokers.next(1)
+        assert not second.answered and base_sequences(third) == {0: 2}, "the batch after a written one waited"
+        await answer_produce(second, 1)
+        await answer_produce(third, 2)
+        assert [await produced(a, cid) for cid in (4, 5, 6)] == [{0: errors.NONE}] * 3
+
+
 async def test_a_split_produce_waits_only_where_its_producer_has_a_batch_out(autojump_clock: trio.testing.MockClock) -> None:
     async with two_clients() as (a, b, brokers, _):
         await a.send(produce(1, {0: (PID, 0)}))  # broker 1
@@ -336,9 +369,10 @@ async def test_turns_wait_for_other_links_until_answered(autojump_clock: trio.te
     first.sent(pending_first)
     second, before = seqs.take_turn({key: (0, 1)}, link_a, all_written)
     assert before == [(key, first)], "the producer's first batch on this link: the next there waits for its answer"
+    pending_first.set(b"answer")  # the second went once the first was answered, and the first was written
     second.sent(Pending())
     same, before = seqs.take_turn({key: (0, 2)}, link_a, all_written)
-    assert before == [], "in flight on the same link after the first: the broker keeps that order"
+    assert before == [], "in flight on the same link after one written: the broker keeps that order"
     pending = Pending()
     same.sent(pending)
     other, before = seqs.take_turn({key: (0, 3)}, link_b, all_written)
@@ -364,6 +398,31 @@ async def test_turns_wait_for_other_links_until_answered(autojump_clock: trio.te
     after.sent(refused)
     _, before = seqs.take_turn({key: (0, 5)}, link_a, never_written)
     assert before == [], "on the same link the broker refuses the later batch itself: no answer is read"
+
+
+async def test_a_turn_after_a_refused_opening_one_opens_the_link_too() -> None:
+    seqs = ProducerSequences()
+    link = object()
+    key = (PID, TOPIC, 0)
+    opening, _ = seqs.take_turn({key: (0, 0)}, link, never_written)
+    refused = Pending()
+    opening.sent(refused)
+    retry, before = seqs.take_turn({key: (0, 0)}, link, never_written)
+    assert before == [(key, opening)]
+    _, before = seqs.take_turn({key: (0, 1)}, link, all_written)
+    assert before == [(key, retry)], "the opening turn is not answered yet: the retry may be the producer's first"
+    refused.set(b"refused")
+    retry.sent(Pending())
+    again, _ = seqs.take_turn({key: (0, 0)}, object(), never_written)  # a turn on another link opens that one
+    answered = Pending()
+    answered.set(b"answer")
+    again.sent(answered)
+    after, before = seqs.take_turn({key: (0, 1)}, again.link, all_written)
+    assert before == [(key, again)] and after.follows == {key: again}
+    after.sent(Pending())
+    _, before = seqs.take_turn({key: (0, 2)}, again.link, all_written)
+    assert before == [(key, after)], "the opening turn was refused: the one after it may be the producer's first"
+    assert after.follows == {}, "a turn no longer the latest lets go of the one it followed"
 
 
 async def test_a_turn_not_yet_sent_is_waited_for() -> None:
