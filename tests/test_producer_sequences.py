@@ -132,19 +132,25 @@ async def test_other_producers_partitions_and_the_same_connection_do_not_wait(au
             assert await produced(client, cid) == {partition: errors.NONE}
 
 
+async def the_next_held_then_refused(first: BrokerRequest, client: Client, brokers: MemoryBrokers, cids: tuple[int, int]) -> None:
+    """The client pipelines sequence 1 behind ``first`` (sequence 0, out at broker 1, request ``cids[0]``): it is
+    held until the broker refuses ``first`` as not the leader, then answered as not written, never sent."""
+    sent = brokers.count(1, apis.PRODUCE)
+    await client.send(produce(cids[1], {0: (PID, 1)}))
+    await trio.sleep(1.0)
+    assert brokers.count(1, apis.PRODUCE) == sent, "the next batch went out before the one before it was answered"
+    await answer_refused(first, errors.NOT_LEADER_OR_FOLLOWER)
+    assert await produced(client, cids[0]) == {0: errors.NOT_LEADER_OR_FOLLOWER}
+    assert await produced(client, cids[1]) == {0: errors.NOT_LEADER_OR_FOLLOWER}, "written, it would be taken as the producer's first"
+    assert brokers.count(1, apis.PRODUCE) == sent
+
+
 async def test_a_producers_first_batch_on_a_link_holds_back_the_next_there(autojump_clock: trio.testing.MockClock) -> None:
     """A broker that kfan knows as the new leader before it knows it itself refuses the first batch, and may take
     the next as the producer's first a moment later: the first, sent again, would then fail for good."""
     async with two_clients() as (a, _, brokers, _):
         await a.send(produce(1, {0: (PID, 0)}))
-        first = await brokers.next(1)
-        await a.send(produce(2, {0: (PID, 1)}))
-        await trio.sleep(1.0)
-        assert brokers.count(1, apis.PRODUCE) == 1, "the next batch went out before the first was answered"
-        await answer_refused(first, errors.NOT_LEADER_OR_FOLLOWER)
-        assert await produced(a, 1) == {0: errors.NOT_LEADER_OR_FOLLOWER}
-        assert await produced(a, 2) == {0: errors.NOT_LEADER_OR_FOLLOWER}, "written, it would be taken as the producer's first"
-        assert brokers.count(1, apis.PRODUCE) == 1
+        await the_next_held_then_refused(await brokers.next(1), a, brokers, (1, 2))
         await a.send(produce(3, {0: (PID, 0)}))  # the client sends both again, in order: the first opens the link again
         again = await brokers.next(1)
         await a.send(produce(4, {0: (PID, 1)}))
@@ -165,15 +171,8 @@ async def test_while_the_broker_refuses_the_first_batch_the_next_waits_for_each_
         await a.send(produce(1, {0: (PID, 0)}))
         await answer_refused(await brokers.next(1), errors.NOT_LEADER_OR_FOLLOWER)
         assert await produced(a, 1) == {0: errors.NOT_LEADER_OR_FOLLOWER}
-        await a.send(produce(2, {0: (PID, 0)}))  # sent again
-        retry = await brokers.next(1)
-        await a.send(produce(3, {0: (PID, 1)}))  # the next, pipelined behind it
-        await trio.sleep(1.0)
-        assert brokers.count(1, apis.PRODUCE) == 2, "the next batch went out before the retry of the first was answered"
-        await answer_refused(retry, errors.NOT_LEADER_OR_FOLLOWER)
-        assert await produced(a, 2) == {0: errors.NOT_LEADER_OR_FOLLOWER}
-        assert await produced(a, 3) == {0: errors.NOT_LEADER_OR_FOLLOWER}, "written, it would be taken as the producer's first"
-        assert brokers.count(1, apis.PRODUCE) == 2
+        await a.send(produce(2, {0: (PID, 0)}))  # sent again, the next pipelined behind it
+        await the_next_held_then_refused(await brokers.next(1), a, brokers, (2, 3))
         await a.send(produce(4, {0: (PID, 0)}))  # both again, in order
         written = await brokers.next(1)
         await a.send(produce(5, {0: (PID, 1)}))
