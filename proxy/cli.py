@@ -18,7 +18,7 @@ import trio
 
 from proxy.core.advertised import MAX_PORT
 from proxy.runtime.audit import Audit, FileSink
-from proxy.runtime.lifeline import LIFELINE_ENV, watch_lifeline
+from proxy.runtime.lifeline import LIFELINE_CLOSED, LIFELINE_ENV, watch_lifeline
 from proxy.runtime.logs import setup_logging
 from proxy.runtime.metrics import ListenFailed
 from proxy.runtime.telemetry import ClientTelemetry, load_subscriptions
@@ -32,7 +32,7 @@ from proxy.server.quotas import Quotas, read_quotas
 from proxy.server.reload import Reloader
 from proxy.server.security_options import security_from
 from proxy.server.serve import Running, ServerConfig, serve
-from proxy.server.workers import run_workers
+from proxy.server.workers import leave_metrics_dir, run_workers
 from proxy.tools import demo
 from proxy.tools.bench.options import add_arguments as add_bench_arguments
 
@@ -284,9 +284,9 @@ def _telemetry(options: dict[str, Any]) -> ClientTelemetry | None:
     return ClientTelemetry(subscriptions, max_bytes=options["telemetry_max_bytes"], max_instances=options["telemetry_max_client_instances"])
 
 
-async def _until_signal(body: Callable[[trio.Nursery], Awaitable[Running | None]], shutdown_timeout: float = 0.0) -> None:
+async def _until_signal(body: Callable[[trio.Nursery], Awaitable[Running | None]], shutdown_timeout: float = 0.0) -> str:
     """Run until SIGINT or SIGTERM (or, for a child on a lifeline, until the process that started it is
-    gone); then drain the server (if any) and cancel everything. SIGHUP is ignored, with a line.
+    gone); then drain the server (if any) and cancel everything; the reason it stopped. SIGHUP is ignored, with a line.
 
     Signals are heard while the body still starts too: a kfan that cannot
     reach (or log in to) any broker must still stop when told.
@@ -317,11 +317,13 @@ async def _until_signal(body: Callable[[trio.Nursery], Awaitable[Running | None]
             nursery.start_soon(hear, signals)
             if os.environ.get(LIFELINE_ENV) == "stdin":
                 nursery.start_soon(watch_lifeline, stop_send)
-            log.info("%s, stopping", await stop_receive.receive())
+            reason = await stop_receive.receive()
+            log.info("%s, stopping", reason)
             if started and started[0] is not None:
                 running = started[0]
                 await running.shutdown(running.live.shutdown_timeout_s if running.live is not None else shutdown_timeout)
             nursery.cancel_scope.cancel()
+    return reason
 
 
 def ignore_sighup() -> None:
@@ -383,7 +385,9 @@ def _serve(options: dict[str, Any], flags: Mapping[str, Any]) -> int:
         return running
 
     with _exit_if_listen_fails("serve"):
-        trio.run(_until_signal, body, config.shutdown_timeout_s)
+        reason = trio.run(_until_signal, body, config.shutdown_timeout_s)
+    if reason == LIFELINE_CLOSED and os.environ.get("KFAN_WORKER") is not None:
+        leave_metrics_dir(os.environ.get("PROMETHEUS_MULTIPROC_DIR"))
     return 0
 
 

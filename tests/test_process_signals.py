@@ -7,7 +7,8 @@ Each test runs the real `kfan serve` (tests/support/kfan.py) in front of a
   (:mod:`backends.backoff`), so its connection attempts and log lines are
   bounded by the backoff's arithmetic, not by the clients' request rate;
 * SIGHUP reloads the configuration (nothing changed: generation 1) and keeps every connection;
-* SIGKILL of a ``--workers`` parent: its workers see their lifeline close and exit;
+* SIGKILL of a ``--workers`` parent: its workers see their lifeline close and exit, and remove
+  the metrics directory the parent could not;
 * an address in use: one line naming it and the OS error, no traceback, exit 1.
 """
 
@@ -21,6 +22,7 @@ import sys
 import threading
 import time
 import uuid
+from pathlib import Path
 
 from backends.backoff import JITTER, RECONNECT_BACKOFF_MAX_S, RECONNECT_BACKOFF_S
 from proxy.kafka import errors
@@ -167,10 +169,10 @@ def _gone(pid: int) -> bool:
     return stat[stat.rindex(")") + 2] == "Z"
 
 
-def test_workers_exit_when_their_parent_is_killed() -> None:
+def test_workers_exit_when_their_parent_is_killed(tmp_path: Path) -> None:
     with MockCluster() as c:
         topic = new_topic(c)
-        k = start_kfan(c.bootstrap, "--workers", "2")
+        k = start_kfan(c.bootstrap, "--workers", "2", env={"TMPDIR": str(tmp_path)})
         pids: list[int] = []
         try:
             line = wait_for_line(k.log, r"2 workers \(pids \[(\d+), (\d+)\]\)")
@@ -180,10 +182,12 @@ def test_workers_exit_when_their_parent_is_killed() -> None:
             wait_for_line(k.log, r"SIGHUP: configuration generation 1")  # a worker's
             with RawClient(k.address) as client:
                 assert produce_codes(client, topic) == {errors.NONE}, "the workers serve after a SIGHUP to their parent"
+            assert len(list(tmp_path.glob("kfan-metrics-*"))) == 1, "the workers' metrics directory, in TMPDIR"
             k.process.kill()
             k.process.wait(10)
             wait_for("both workers to exit", lambda: all(_gone(p) for p in pids), timeout=30, seen=lambda: "".join(k.log[-20:]))
             assert sum("its pipe closed" in line for line in k.log) == 2, "".join(k.log[-20:])
+            assert not list(tmp_path.glob("kfan-metrics-*")), "the last worker out removes the metrics directory"
         finally:
             k.stop()
             for pid in pids:

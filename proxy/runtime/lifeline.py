@@ -18,6 +18,7 @@ log = logging.getLogger("kfan")
 # (Not PR_SET_PDEATHSIG: that fires when the *thread* that forked the child
 # exits, and trio forks from a worker thread that exits when idle.)
 LIFELINE_ENV = "KFAN_LIFELINE"
+LIFELINE_CLOSED = "lifeline closed"  # the stop reason :func:`watch_lifeline` gives
 
 
 async def watch_lifeline(stop: trio.MemorySendChannel[str]) -> None:
@@ -30,4 +31,4 @@ async def watch_lifeline(stop: trio.MemorySendChannel[str]) -> None:
     except (OSError, trio.BrokenResourceError):
         pass
     log.warning("the kfan that started this process is gone (its pipe closed)")
-    stop.send_nowait("lifeline closed")
+    stop.send_nowait(LIFELINE_CLOSED)

@@ -8,7 +8,8 @@ worker's samples summed (prometheus-client's multiprocess mode, in a private
 temporary directory), and on SIGTERM passes the signal on and waits for each
 worker to drain. Each worker's stdin is a pipe from the parent (its lifeline,
 :data:`~proxy.runtime.lifeline.LIFELINE_ENV`): however the parent ends, SIGKILL included,
-the workers see it close and stop, draining their clients.
+the workers see it close and stop, draining their clients; the last of them
+out removes the metrics directory, which a killed parent could not.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import subprocess
 import sys
 import tempfile
 from collections.abc import Mapping
+from contextlib import suppress
 from typing import Any
 
 import trio
@@ -185,3 +187,17 @@ async def _supervise(options: dict[str, Any], port: int, metrics_dir: str, expli
             proc.kill()
             await proc.wait()
     return 0 if all(p.returncode == 0 for p in procs) else 1
+
+
+def leave_metrics_dir(metrics_dir: str | None) -> None:
+    """A worker stopping because its parent is gone (killed: its ``finally`` did not run): nobody else will
+    remove the metrics directory. Each such worker removes its own files, and the last one out (whose rmdir
+    finds the directory empty) the directory, so a killed kfan leaves nothing in /tmp however often it is."""
+    if not metrics_dir:
+        return
+    own = f"_{os.getpid()}.db"
+    with suppress(OSError):
+        for name in os.listdir(metrics_dir):
+            if name.endswith(own):
+                os.unlink(os.path.join(metrics_dir, name))
+        os.rmdir(metrics_dir)

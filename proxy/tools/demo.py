@@ -191,7 +191,7 @@ Ctrl-C stops it.
     )
 
 
-def run_cluster(args: argparse.Namespace, until_signal: Callable[[Callable[[trio.Nursery], Awaitable[None]]], Awaitable[None]]) -> int:
+def run_cluster(args: argparse.Namespace, until_signal: Callable[[Callable[[trio.Nursery], Awaitable[None]]], Awaitable[object]]) -> int:
     """`kfan cluster`: librdkafka's mock brokers until a signal (``until_signal``: the CLI's, with its lifeline)."""
     from proxy.tools.mock_cluster import MockCluster
     from proxy.tools.mock_lib import MockError
