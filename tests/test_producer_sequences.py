@@ -13,6 +13,7 @@ streams share one :class:`Cluster` and fake brokers (as in
 from __future__ import annotations
 
 import dataclasses
+import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -21,6 +22,7 @@ import trio
 import trio.testing
 
 from backends import sequences
+from backends.backoff import FAILURE_LOG_INTERVAL_S
 from backends.cluster import Cluster
 from backends.pending import Pending
 from backends.sequences import KEPT_S, ProducerSequences, Turn, out_of_order, wait_for
@@ -244,6 +246,30 @@ async def test_a_later_batch_is_not_sent_when_the_earlier_was_not_written(autoju
         await b.send(produce(6, {0: (PID + 1, 5)}))  # another producer: never held back by this one's
         await answer_produce(await brokers.next(1), 2)
         assert await produced(b, 6) == {0: errors.NONE}
+
+
+async def test_batches_held_back_are_logged_once_per_interval(
+    autojump_clock: trio.testing.MockClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A leader's move holds back every idempotent producer's pipelined batches at once: one line stands for them."""
+    caplog.set_level(logging.INFO, logger="kfan")
+
+    def lines() -> list[str]:
+        return [r.getMessage() for r in caplog.records if "a Produce not sent" in r.getMessage()]
+
+    async with two_clients() as (a, b, brokers, _):
+        await a.send(produce(1, {0: (PID, 0)}))
+        await answer_refused(await brokers.next(1), errors.NOT_LEADER_OR_FOLLOWER)
+        assert await produced(a, 1) == {0: errors.NOT_LEADER_OR_FOLLOWER}
+        for cid in (2, 3, 4):  # later batches while the first is not written: none is sent
+            await b.send(produce(cid, {0: (PID, cid - 1)}))
+            assert await produced(b, cid) == {0: errors.NOT_LEADER_OR_FOLLOWER}
+        assert len(lines()) == 1, lines()
+        await trio.sleep(FAILURE_LOG_INTERVAL_S)
+        await b.send(produce(5, {0: (PID, 4)}))
+        assert await produced(b, 5) == {0: errors.NOT_LEADER_OR_FOLLOWER}
+        assert brokers.count(1, apis.PRODUCE) == 1
+    assert len(lines()) == 2 and lines()[1].endswith("(and 2 more failures since)"), lines()
 
 
 async def test_a_batch_refused_for_good_does_not_hold_back_the_next(autojump_clock: trio.testing.MockClock) -> None:

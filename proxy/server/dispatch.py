@@ -159,10 +159,10 @@ class Dispatcher:
         pending: Pending | None = None
         try:
             if before and not await wait_for(before, self.deadline(plan, trio.current_time())):
-                log.info("client %s: a Produce waited past its deadline for its producer's earlier batches", self.client)
+                _log_held(self.client, "a Produce waited past its deadline for its producer's earlier batches")
                 return Failed(plan.route.failure.code(written=False))
             if before and out_of_order(turn, before):
-                log.info("client %s: a Produce not sent: its producer sends an earlier batch for a partition again", self.client)
+                _log_held(self.client, "a Produce not sent: its producer sends an earlier batch for a partition again")
                 return Failed(plan.route.failure.code(written=False))
             pending = self._send(link, sub, None)
             self._turns[pending] = turn
@@ -245,3 +245,9 @@ def _log_failure(client: int, broker: int, e: LinkError) -> None:
     # One line per broker per interval: a broker's failure fails every client's requests to it at once.
     if (left := backoff.failure_log().note(("requests", broker))) is not None:
         log.info("client %s: %s%s", client, e, backoff.left_out(left))
+
+
+def _log_held(client: int, what: str) -> None:
+    # A leader's move holds back every idempotent producer's pipelined batches at once: one line per interval.
+    if (left := backoff.failure_log().note(("held", what))) is not None:
+        log.info("client %s: %s%s", client, what, backoff.left_out(left))
