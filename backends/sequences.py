@@ -23,7 +23,8 @@ and is not sent when the client will send that one again (kfan did not send
 it, its broker failed, or refused it with an error Kafka's clients retry)
 and it carries a later sequence of the same producer epoch: kfan answers it
 as not written (NOT_LEADER_OR_FOLLOWER), and the client sends both again in
-its order.
+its order. So is a batch that waited :data:`HOLD_S` (its connection's later
+answers wait behind it); the client's retry of it waits for the same one.
 
 On the same link the broker keeps the order itself, and refuses a batch
 after one it refused, with one exception: the producer's first batch there.
@@ -56,6 +57,7 @@ the sending is the dispatcher's.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from types import MappingProxyType
 
 import trio
 
@@ -69,6 +71,14 @@ from .pending import Pending
 # comes in the meantime finds it. Reading the answers is left to the turns that need it: none are read to sweep.
 KEPT_S = 60.0
 MAX_KEPT = 20_000  # turns over beyond this are forgotten at once, oldest first
+# The longest a batch waits for the one before it. Every answer after it on its client connection waits too (a
+# Metadata answer among them), and the earlier batch can wait at its leader for as long as its own timeout (acks=all
+# while a dead follower is still in the ISR), behind others in turn: held until the request's deadline, a connection
+# went quiet past the 30 s Kafka's clients give a request. At the bound the batch is answered as not written, and the
+# client sends it again behind the earlier one (librdkafka drains the partition first, Java waits its turn).
+HOLD_S = 5.0
+
+_NONE: Mapping[ProducerPartition, Turn] = MappingProxyType({})
 
 # The partitions a broker's answer refused with an error the client retries; None: every partition.
 ReadSentAgain = Callable[[bytes | memoryview], set[TopicPartition] | None]
@@ -82,6 +92,7 @@ class Turn:
         "batches",
         "opening",
         "follows",
+        "held_behind",
         "pending",
         "settled",
         "at",
@@ -98,6 +109,7 @@ class Turn:
         # The turn before it on its link that opened it, or may have: if the broker refused that one, this one
         # may be the producer's first there. Kept while it is its partitions' latest turn.
         self.follows: dict[ProducerPartition, Turn] = {}
+        self.held_behind: Mapping[ProducerPartition, Turn] = _NONE  # given up on: the turns still out it waited for
         self.pending: Pending | None = None
         self.settled = trio.Event()  # sent (``pending`` set), or given up without being sent
         self.at = trio.current_time()
@@ -182,6 +194,8 @@ class ProducerSequences:
                 turn.opening.add(key)
                 if prior is not None:
                     before.append((key, prior))
+                    if (out := prior.held_behind.get(key)) is not None:
+                        before.append((key, out))  # the client sends ``prior`` again: it still comes after that one
             elif prior.may_open(key):
                 # The broker may have refused that one as not yet the leader, and take this one as the first.
                 before.append((key, prior))
@@ -217,14 +231,16 @@ def _never_read(_: bytes | memoryview) -> set[TopicPartition] | None:
     raise AssertionError("a turn not sent has no answer to read")
 
 
-async def wait_for(before: list[tuple[ProducerPartition, Turn]], deadline: float) -> bool:
-    """Until every turn in ``before`` is over; False when ``deadline`` (trio clock) came first."""
-    if all(turn.over for _, turn in before):
+async def wait_for(turn: Turn, before: list[tuple[ProducerPartition, Turn]], deadline: float) -> bool:
+    """Until every turn in ``before`` is over; False when ``deadline`` (trio clock) or :data:`HOLD_S` came first.
+    ``turn``, given up on, then keeps those still out: the client's retry of it waits for them too."""
+    if all(prior.over for _, prior in before):
         return True  # the usual case: no pass of the scheduler for it
-    with trio.move_on_at(deadline):
-        for _, turn in before:
-            await turn.wait()
+    with trio.move_on_at(min(deadline, trio.current_time() + HOLD_S)):
+        for _, prior in before:
+            await prior.wait()
         return True
+    turn.held_behind = {key: prior for key, prior in before if not prior.over}
     return False
 
 

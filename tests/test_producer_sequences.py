@@ -56,7 +56,7 @@ def autojump_clock() -> trio.testing.MockClock:
     return trio.testing.MockClock(autojump_threshold=0)
 
 
-def produce(cid: int, batches: dict[int, tuple[int, int]], epoch: int = 0) -> bytes:
+def produce(cid: int, batches: dict[int, tuple[int, int]], epoch: int = 0, timeout_ms: int = 5000) -> bytes:
     """acks=all; per partition, one record from (producer id, base sequence) of producer ``epoch``, -1: no producer."""
     data = [
         {
@@ -66,7 +66,7 @@ def produce(cid: int, batches: dict[int, tuple[int, int]], epoch: int = 0) -> by
             ],
         }
     ]
-    return request_bytes(apis.PRODUCE, PRODUCE_V, {"transactional_id": None, "acks": -1, "timeout": 5000, "topic_data": data}, cid)
+    return request_bytes(apis.PRODUCE, PRODUCE_V, {"transactional_id": None, "acks": -1, "timeout": timeout_ms, "topic_data": data}, cid)
 
 
 def base_sequences(req: BrokerRequest) -> dict[int, int]:
@@ -104,7 +104,7 @@ async def test_a_later_batch_on_another_connection_waits_for_the_earlier_answer(
         await a.send(produce(1, {0: (PID, 0)}))  # partition 0: broker 1
         first = await brokers.next(1)
         await b.send(produce(2, {0: (PID, 1)}))
-        await trio.sleep(5.0)
+        await trio.sleep(sequences.HOLD_S - 1)
         assert brokers.count(1, apis.PRODUCE) == 1, "the later batch reached the broker before the earlier one was answered"
         await answer_produce(first, 0)
         second = await brokers.next(1)
@@ -197,7 +197,7 @@ async def test_a_split_produce_waits_only_where_its_producer_has_a_batch_out(aut
         await b.send(produce(2, {1: (PID, 0), 0: (PID, 1)}))  # partition 1 to broker 2 (free), partition 0 to broker 1 (waits)
         on_two = await brokers.next(2)
         assert base_sequences(on_two) == {1: 0}
-        await trio.sleep(5.0)
+        await trio.sleep(sequences.HOLD_S - 1)
         assert brokers.count(1, apis.PRODUCE) == 1
         await answer_produce(on_two, 0)
         await answer_produce(first, 0)
@@ -214,6 +214,46 @@ async def test_a_batch_held_past_its_deadline_is_retriable_and_never_sent(autoju
         assert await produced(b, 2) == {0: errors.NOT_LEADER_OR_FOLLOWER}, "not written: the client sends it again"
         assert brokers.count(1, apis.PRODUCE) == 1, "the held batch was sent after all"
         assert not first.answered
+
+
+async def test_a_batch_held_for_the_bound_is_retriable_and_its_connection_goes_on(autojump_clock: trio.testing.MockClock) -> None:
+    """The earlier batch waits at its leader (acks=all, a dead follower still in the ISR): the later one is held
+    :data:`~backends.sequences.HOLD_S`, not until its own 30 s timeout, since its connection's later answers (a
+    Metadata among them) wait behind it, and Kafka's clients give up on a request after 30 s."""
+    async with two_clients() as (a, b, brokers, _):
+        await a.send(produce(1, {0: (PID, 0)}, timeout_ms=30_000))
+        first = await brokers.next(1)
+        start = trio.current_time()
+        await b.send(produce(2, {0: (PID, 1)}, timeout_ms=30_000))
+        await b.send(request_bytes(apis.API_VERSIONS, 0, {}, 3))
+        assert await produced(b, 2) == {0: errors.NOT_LEADER_OR_FOLLOWER}, "not written: the client sends it again"
+        assert (await b.response(apis.API_VERSIONS, 0))[0] == 3
+        assert trio.current_time() - start == pytest.approx(sequences.HOLD_S), "the connection waited past the bound"
+        await b.send(produce(4, {0: (PID, 1)}, timeout_ms=30_000))  # sent again while the earlier is still out
+        await trio.sleep(sequences.HOLD_S - 1)
+        assert brokers.count(1, apis.PRODUCE) == 1, "sent again ahead of the batch it waited for"
+        await answer_produce(first, 0)
+        assert await produced(a, 1) == {0: errors.NONE}
+        again = await brokers.next(1)
+        assert base_sequences(again) == {0: 1}
+        await answer_produce(again, 1)
+        assert await produced(b, 4) == {0: errors.NONE}
+
+
+async def test_the_retry_of_a_batch_held_for_the_bound_is_not_sent_when_the_earlier_was_not_written(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    async with two_clients() as (a, b, brokers, _):
+        await a.send(produce(1, {0: (PID, 0)}, timeout_ms=30_000))
+        first = await brokers.next(1)
+        await b.send(produce(2, {0: (PID, 1)}, timeout_ms=30_000))
+        assert await produced(b, 2) == {0: errors.NOT_LEADER_OR_FOLLOWER}
+        await b.send(produce(3, {0: (PID, 1)}, timeout_ms=30_000))
+        await trio.sleep(1.0)
+        await answer_refused(first, errors.NOT_ENOUGH_REPLICAS)
+        assert await produced(a, 1) == {0: errors.NOT_ENOUGH_REPLICAS}
+        assert await produced(b, 3) == {0: errors.NOT_LEADER_OR_FOLLOWER}, "written first, it would fail the earlier for good"
+        assert brokers.count(1, apis.PRODUCE) == 1
 
 
 async def answer_refused(req: BrokerRequest, code: int) -> None:
@@ -402,9 +442,9 @@ async def test_turns_wait_for_other_links_until_answered(autojump_clock: trio.te
     same.sent(pending)
     other, before = seqs.take_turn({key: (0, 3)}, link_b, all_written)
     assert before == [(key, same)], "the latest turn is the one to wait for"
-    assert not await wait_for(before, trio.current_time() + 1.0), "over before its answer came"
+    assert not await wait_for(other, before, trio.current_time() + 1.0), "over before its answer came"
     pending.set(b"answer")
-    assert await wait_for(before, trio.current_time() + 1.0)
+    assert await wait_for(other, before, trio.current_time() + 1.0)
     assert not out_of_order(other, before), "the earlier batch was written"
     other.sent(None)
     later, before = seqs.take_turn({key: (0, 4)}, link_a, all_written)
@@ -454,12 +494,12 @@ async def test_a_turn_not_yet_sent_is_waited_for() -> None:
     seqs = ProducerSequences()
     key = (PID, TOPIC, 0)
     waiting, _ = seqs.take_turn({key: (0, 0)}, object(), all_written)
-    _, before = seqs.take_turn({key: (0, 1)}, object(), all_written)
+    after, before = seqs.take_turn({key: (0, 1)}, object(), all_written)
     assert before == [(key, waiting)]
     done = trio.Event()
 
     async def waiter() -> None:
-        await wait_for(before, trio.current_time() + 10.0)
+        await wait_for(after, before, trio.current_time() + 10.0)
         done.set()
 
     async with trio.open_nursery() as nursery:

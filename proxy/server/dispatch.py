@@ -152,14 +152,14 @@ class Dispatcher:
         self, plan: Forward, link: Link, sub: SubRequest, batches: dict[ProducerPartition, ProducerBatch]
     ) -> Pending | Failed:
         """An idempotent producer's batches, sent once those read before them on other links are answered, and
-        not sent (retriable) when the client sends one of those again, or when that takes past the request's deadline
+        not sent (retriable) when the client sends one of those again, or when that takes too long
         (:mod:`backends.sequences`)."""
         read_sent_again = functools.partial(produce.sent_again, plan.header, plan.state.response_layout)
         turn, before = self.cluster.sequences.take_turn(batches, link, read_sent_again)
         pending: Pending | None = None
         try:
-            if before and not await wait_for(before, self.deadline(plan, trio.current_time())):
-                _log_held(self.client, "a Produce waited past its deadline for its producer's earlier batches")
+            if before and not await wait_for(turn, before, self.deadline(plan, trio.current_time())):
+                _log_held(self.client, "a Produce held back too long behind its producer's earlier batches")
                 return Failed(plan.route.failure.code(written=False))
             if before and out_of_order(turn, before):
                 _log_held(self.client, "a Produce not sent: its producer sends an earlier batch for a partition again")
