@@ -242,12 +242,15 @@ class Dispatcher:
 
 
 def _log_failure(client: int, broker: int, e: LinkError) -> None:
-    # One line per broker per interval: a broker's failure fails every client's requests to it at once.
-    if (left := backoff.failure_log().note(("requests", broker))) is not None:
-        log.info("client %s: %s%s", client, e, backoff.left_out(left))
+    # A broker's failure fails every client's requests to it at once: one line per broker per interval.
+    _log_limited(client, ("requests", broker), e)
 
 
 def _log_held(client: int, what: str) -> None:
     # A leader's move holds back every idempotent producer's pipelined batches at once: one line per interval.
-    if (left := backoff.failure_log().note(("held", what))) is not None:
+    _log_limited(client, ("held", what), what)
+
+
+def _log_limited(client: int, key: tuple[str, object], what: object) -> None:
+    if (left := backoff.failure_log().note(key)) is not None:
         log.info("client %s: %s%s", client, what, backoff.left_out(left))
