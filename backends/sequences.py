@@ -71,12 +71,18 @@ from .pending import Pending
 # comes in the meantime finds it. Reading the answers is left to the turns that need it: none are read to sweep.
 KEPT_S = 60.0
 MAX_KEPT = 20_000  # turns over beyond this are forgotten at once, oldest first
-# The longest a batch waits for the one before it. Every answer after it on its client connection waits too (a
-# Metadata answer among them), and the earlier batch can wait at its leader for as long as its own timeout (acks=all
-# while a dead follower is still in the ISR), behind others in turn: held until the request's deadline, a connection
-# went quiet past the 30 s Kafka's clients give a request. At the bound the batch is answered as not written, and the
-# client sends it again behind the earlier one (librdkafka drains the partition first, Java waits its turn).
-HOLD_S = 5.0
+# The longest a batch waits for the one before it. The earlier batch can wait at its leader for as long as its own
+# timeout (acks=all while a dead follower is still in the ISR), and the client connection waits with it: no request
+# of it is read meanwhile (it may carry the same partition's next batch), and every answer after it waits for its
+# own (a Metadata answer among them). So the holds of the requests a client pipelines add up: five (Kafka's
+# clients' default in flight) make 10 s, a third of the 30 s Kafka's clients give a request. At the bound the batch
+# is answered as not written, and the client sends it again behind the earlier one (librdkafka drains the partition
+# first, Java waits its turn).
+HOLD_S = 2.0
+
+# Why a batch was not sent (:func:`in_turn`).
+NOT_SENT = "a Produce not sent: its producer sends an earlier batch for a partition again"
+HELD_TOO_LONG = "a Produce held back too long behind its producer's earlier batches"
 
 _NONE: Mapping[ProducerPartition, Turn] = MappingProxyType({})
 
@@ -229,6 +235,18 @@ class ProducerSequences:
 
 def _never_read(_: bytes | memoryview) -> set[TopicPartition] | None:
     raise AssertionError("a turn not sent has no answer to read")
+
+
+async def in_turn(turn: Turn, before: list[tuple[ProducerPartition, Turn]], deadline: float) -> str | None:
+    """Until ``turn`` may be sent, once the turns in ``before`` are over (:func:`wait_for`): None when it may, else
+    why not (:data:`NOT_SENT`, :data:`HELD_TOO_LONG`); it is then answered as not written."""
+    over = [(key, prior) for key, prior in before if prior.over]
+    if out_of_order(turn, over):  # the client sends an earlier batch again whatever the others' answers
+        turn.held_behind = {key: prior for key, prior in before if not prior.over}
+        return NOT_SENT
+    if len(over) < len(before) and not await wait_for(turn, before, deadline):
+        return HELD_TOO_LONG
+    return NOT_SENT if len(over) < len(before) and out_of_order(turn, before) else None
 
 
 async def wait_for(turn: Turn, before: list[tuple[ProducerPartition, Turn]], deadline: float) -> bool:

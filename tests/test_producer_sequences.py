@@ -240,6 +240,21 @@ async def test_a_batch_held_for_the_bound_is_retriable_and_its_connection_goes_o
         assert await produced(b, 4) == {0: errors.NONE}
 
 
+async def test_the_batch_after_one_held_for_the_bound_is_refused_at_once(autojump_clock: trio.testing.MockClock) -> None:
+    """The client sends the held batch again, so the next is out of order whatever the earlier one's answer: held
+    again meanwhile, each request a client pipelines would add a bound to the wait of every answer after it."""
+    async with two_clients() as (a, b, brokers, _):
+        await a.send(produce(1, {0: (PID, 0)}, timeout_ms=30_000))
+        await brokers.next(1)  # out until the test ends
+        await b.send(produce(2, {0: (PID, 1)}, timeout_ms=30_000))
+        await b.send(produce(3, {0: (PID, 2)}, timeout_ms=30_000))  # pipelined behind it
+        start = trio.current_time()
+        assert await produced(b, 2) == {0: errors.NOT_LEADER_OR_FOLLOWER}
+        assert await produced(b, 3) == {0: errors.NOT_LEADER_OR_FOLLOWER}
+        assert trio.current_time() - start == pytest.approx(sequences.HOLD_S), "the next batch was held again"
+        assert brokers.count(1, apis.PRODUCE) == 1
+
+
 async def test_the_retry_of_a_batch_held_for_the_bound_is_not_sent_when_the_earlier_was_not_written(
     autojump_clock: trio.testing.MockClock,
 ) -> None:

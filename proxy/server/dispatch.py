@@ -27,7 +27,7 @@ from backends.flights import FlightKey
 from backends.link import Link, LinkClosed, LinkError, Pending
 from backends.links import Lane, LinkPool
 from backends.sasl import AuthenticationFailed
-from backends.sequences import Turn, out_of_order, wait_for
+from backends.sequences import Turn, in_turn
 from proxy.core import ANY_BROKER, BrokerAnswer, Destination, Failed, FetchForward, Forward, Response, SubRequest, produce
 from proxy.core.fetch_wait import FetchWait
 from proxy.core.produce import ProducerBatch, ProducerPartition
@@ -158,11 +158,8 @@ class Dispatcher:
         turn, before = self.cluster.sequences.take_turn(batches, link, read_sent_again)
         pending: Pending | None = None
         try:
-            if before and not await wait_for(turn, before, self.deadline(plan, trio.current_time())):
-                _log_held(self.client, "a Produce held back too long behind its producer's earlier batches")
-                return Failed(plan.route.failure.code(written=False))
-            if before and out_of_order(turn, before):
-                _log_held(self.client, "a Produce not sent: its producer sends an earlier batch for a partition again")
+            if before and (why := await in_turn(turn, before, self.deadline(plan, trio.current_time()))) is not None:
+                _log_held(self.client, why)
                 return Failed(plan.route.failure.code(written=False))
             pending = self._send(link, sub, None)
             self._turns[pending] = turn
