@@ -241,24 +241,27 @@ async def in_turn(turn: Turn, before: list[tuple[ProducerPartition, Turn]], dead
     """Until ``turn`` may be sent, once the turns in ``before`` are over (:func:`wait_for`): None when it may, else
     why not (:data:`NOT_SENT`, :data:`HELD_TOO_LONG`); it is then answered as not written."""
     over = [(key, prior) for key, prior in before if prior.over]
+    if len(over) == len(before):
+        return NOT_SENT if out_of_order(turn, before) else None  # the usual case: no pass of the scheduler for it
     if out_of_order(turn, over):  # the client sends an earlier batch again whatever the others' answers
-        turn.held_behind = {key: prior for key, prior in before if not prior.over}
-        return NOT_SENT
-    if len(over) < len(before) and not await wait_for(turn, before, deadline):
-        return HELD_TOO_LONG
-    return NOT_SENT if len(over) < len(before) and out_of_order(turn, before) else None
+        why = NOT_SENT
+    elif await wait_for(before, deadline):
+        return NOT_SENT if out_of_order(turn, before) else None
+    else:
+        why = HELD_TOO_LONG
+    # Given up on while some are still out: the client's retry of it waits for those too.
+    turn.held_behind = {key: prior for key, prior in before if not prior.over}
+    return why
 
 
-async def wait_for(turn: Turn, before: list[tuple[ProducerPartition, Turn]], deadline: float) -> bool:
-    """Until every turn in ``before`` is over; False when ``deadline`` (trio clock) or :data:`HOLD_S` came first.
-    ``turn``, given up on, then keeps those still out: the client's retry of it waits for them too."""
+async def wait_for(before: list[tuple[ProducerPartition, Turn]], deadline: float) -> bool:
+    """Until every turn in ``before`` is over; False when ``deadline`` (trio clock) or :data:`HOLD_S` came first."""
     if all(prior.over for _, prior in before):
-        return True  # the usual case: no pass of the scheduler for it
+        return True
     with trio.move_on_at(min(deadline, trio.current_time() + HOLD_S)):
         for _, prior in before:
             await prior.wait()
         return True
-    turn.held_behind = {key: prior for key, prior in before if not prior.over}
     return False
 
 

@@ -457,9 +457,9 @@ async def test_turns_wait_for_other_links_until_answered(autojump_clock: trio.te
     same.sent(pending)
     other, before = seqs.take_turn({key: (0, 3)}, link_b, all_written)
     assert before == [(key, same)], "the latest turn is the one to wait for"
-    assert not await wait_for(other, before, trio.current_time() + 1.0), "over before its answer came"
+    assert not await wait_for(before, trio.current_time() + 1.0), "over before its answer came"
     pending.set(b"answer")
-    assert await wait_for(other, before, trio.current_time() + 1.0)
+    assert await wait_for(before, trio.current_time() + 1.0)
     assert not out_of_order(other, before), "the earlier batch was written"
     other.sent(None)
     later, before = seqs.take_turn({key: (0, 4)}, link_a, all_written)
@@ -509,12 +509,12 @@ async def test_a_turn_not_yet_sent_is_waited_for() -> None:
     seqs = ProducerSequences()
     key = (PID, TOPIC, 0)
     waiting, _ = seqs.take_turn({key: (0, 0)}, object(), all_written)
-    after, before = seqs.take_turn({key: (0, 1)}, object(), all_written)
+    _, before = seqs.take_turn({key: (0, 1)}, object(), all_written)
     assert before == [(key, waiting)]
     done = trio.Event()
 
     async def waiter() -> None:
-        await wait_for(after, before, trio.current_time() + 10.0)
+        await wait_for(before, trio.current_time() + 10.0)
         done.set()
 
     async with trio.open_nursery() as nursery:
