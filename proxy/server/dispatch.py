@@ -240,14 +240,15 @@ class Dispatcher:
 
 def _log_failure(client: int, broker: int, e: LinkError) -> None:
     # A broker's failure fails every client's requests to it at once: one line per broker per interval.
-    _log_limited(client, ("requests", broker), e)
+    log_limited(client, ("requests", broker), e)
 
 
 def _log_held(client: int, what: str) -> None:
     # A leader's move holds back every idempotent producer's pipelined batches at once: one line per interval.
-    _log_limited(client, ("held", what), what)
+    log_limited(client, ("held", what), what)
 
 
-def _log_limited(client: int, key: tuple[str, object], what: object) -> None:
+def log_limited(client: int, key: tuple[str, object], what: object) -> None:
+    """A line about ``client`` that many clients' requests would write at once: one per ``key`` per interval."""
     if (left := backoff.failure_log().note(key)) is not None:
         log.info("client %s: %s%s", client, what, backoff.left_out(left))

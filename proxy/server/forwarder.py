@@ -53,6 +53,7 @@ from proxy.core import (
     undecodable,
 )
 from proxy.core.layout import TopicPartition
+from proxy.kafka.apis import api_name
 from proxy.kafka.headers import RequestHeader, response_header
 from proxy.kafka.records import Invalid
 from proxy.kafka.wire import Parts
@@ -60,7 +61,7 @@ from proxy.runtime import metrics
 from proxy.runtime.budget import Budget
 from proxy.runtime.telemetry import ClientTelemetry
 from proxy.server.deadlines import AnswerDeadlines
-from proxy.server.dispatch import Dispatcher
+from proxy.server.dispatch import Dispatcher, log_limited
 from proxy.server.effects import apply_effects
 from proxy.server.fetches import Fetches
 from proxy.server.gather import Gathered, Handles
@@ -210,6 +211,10 @@ class Forwarder:
     def _deliver(self, plan: Forward, slot: ResponseSlot, reply: Reply | None, found: Gathered) -> None:
         if reply is None:
             # No error code of this response can say a broker failed: close, as a broker would on its own failure.
+            # A broker's failure fails every client's request to it at once: one line stands for them.
+            h = plan.header
+            what = f"no error code of a {api_name(h.api_key)} v{h.api_version} answer can say its brokers failed: closing"
+            log_limited(self.client, ("unanswerable", h.api_key), what)
             slot.close = "broker_answer"
             slot.done.set()
             return
@@ -366,7 +371,8 @@ def _merged(plan: Forward, found: Gathered, client: int) -> Reply | None:
         try:
             reply = plan.merge(plan, found.answers)
         except BrokerUnavailable as e:
-            log.info("client %s: %s (api_key=%s v%s)", client, e, plan.header.api_key, plan.header.api_version)
+            # Asked again of another broker where any may answer; the client hears of it only if that fails too.
+            log.debug("client %s: %s (api_key=%s v%s)", client, e, plan.header.api_key, plan.header.api_version)
     if noted:
         report_undecodable(plan.header, found.answers, found.handles, noted)
     return reply
