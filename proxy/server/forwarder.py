@@ -371,7 +371,7 @@ def _merged(plan: Forward, found: Gathered, client: int) -> Reply | None:
         try:
             reply = plan.merge(plan, found.answers)
         except BrokerUnavailable as e:
-            # Asked again of another broker where any may answer; the client hears of it only if that fails too.
+            # Where any broker may answer, it is asked again; the log tells only of a client closed for it (_deliver).
             log.debug("client %s: %s (api_key=%s v%s)", client, e, plan.header.api_key, plan.header.api_version)
     if noted:
         report_undecodable(plan.header, found.answers, found.handles, noted)
